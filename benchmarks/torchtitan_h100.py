@@ -171,11 +171,28 @@ replayed gathers with the GEMMs recomputed beside them (op-level SAC: wk and w3 
 backward's column-parallel reduce-scatters stay blocking, the returned gathered tensors still
 cost the weight gradients a layout copy, and full AC replays no MLP reduce-scatter; float8
 rowwise (``recipe_name``: ``training.fp8_recipe``) fuses its reduce-scatters only (bf16 gathers,
-cast after). Predicted savings on the part 0.45 s per step at 8B bf16 and 3.84 s at 70B bf16
-(dgx-h100: 0.38 s, 3.38 s; the memory-bound copies and replayed GEMMs async TP removes take
+cast after). Predicted savings on the part 0.45 s per step at 8B bf16 and 3.80 s at 70B bf16
+(dgx-h100: 0.38 s, 3.35 s; the memory-bound copies and replayed GEMMs async TP removes take
 longer on the part) against 0.25 s and 2.32 s published (+14-20% against +6-16% with bf16 or
 tensorwise, whose gathers move float8); rowwise 0.12 s and 0.88 s (dgx-h100: 0.09 s, 0.78 s) against
-0.18 s and 1.10 s (+4-5% against +4-6%: A70 +4.4%, A8 +4.8%: 5,072.0 / 4,839.1). Not modelled: copy-engine traffic slowing the GEMMs beside it.
+0.18 s and 1.10 s (+4-5% against +4-6%: A70 +4.4%, A8 +4.8%: 5,072.0 / 4,839.1). The model was
+audited against torch's source (:mod:`meshplan.compute.asynctp`'s docstring: the two-stream
+schedule, whose replay is :func:`~meshplan.compute.asynctp.fused_seconds`; copy-engine pulls within
+3% of the ring step it takes; the barriers, 3 or 2 + 2 (tp - 1) a call, 2.6 ms a step at 8B at
+most; the extra kernels): one kernel was missing, the restride of wo's input before its fused
+reduce-scatter (:func:`~meshplan.compute.asynctp.restride_bytes`, 201 MB a layer at 8B: +3.0 ms a
+step; 70B twice a layer under full AC), 8B bf16 +20.3% -> +20.1%, 70B +17.1% -> +16.9% (dgx-h100
++20.9% -> +20.8%, +18.6% -> +18.4%). Nothing else the source shows accounts for predicting about
+twice the published bf16 gains. Not modelled (no measurement here): copy-engine traffic slowing
+the GEMMs beside it, two pieces' GEMMs at once on torch's two streams, the pieces' wave
+quantization (the bf16 GEMM table has no M above 4,096). Left, on the baseline's side: op-level
+SAC replays wo and the scatters' layout copies in the compiled vanilla rows, which AOTAutograd's
+partitioner drops as full AC's w_down (:func:`meshplan.compute.recompute.full_ac_not_replayed`;
+the reduce-scatter's output is saved, so nothing in backward reads them): 73.6 ms of the vanilla
+8B step against 29.1 ms of the async one (gain +20.1% -> about +18%). Seen on torch 2.13 on CPU
+(aot_eager, ``min_cut_rematerialization_partition``; not 38410cf9): a block of 4 mms under
+torchtitan's op policy, checkpointed and compiled, re-runs in backward the second mm, which
+relu's backward reads, not the fourth, which no backward op reads.
 
 **Memory** (the last column). Tables 1-5 publish torchtitan's logged memory, the caching
 allocator's peak *reserved* bytes (9dec370 ``train.py`` line 393, ``metrics.py`` line 62:

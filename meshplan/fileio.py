@@ -209,6 +209,22 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
     return dest
 
 
+def page_folder(path) -> bool:
+    """Whether a page's (``report --out``, ``plan --html``) missing folder is made: it is missing
+    and its own parent is an existing folder, as ``memory --out DIR``, ``compare --out DIR`` and
+    ``launch --out DIR`` make their DIR (newcomer trial 49: ``report --out report/job.html`` was
+    refused where ``memory --out report`` made the folder); a deeper missing tree is refused as
+    anywhere (a typo in a folder name).
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> page_folder(d / "report" / "job.html"), page_folder(d / "a" / "b" / "job.html"), page_folder(d / "j.html")
+    (True, False, False)
+    """
+    parent = Path(path).parent
+    return not parent.exists() and parent.parent.is_dir()
+
+
 def _unwritable(folder: Path) -> str:
     """Why files cannot be made in the existing ``folder`` ("" when they can), from
     ``statvfs``: a read-only mount (``ST_RDONLY``), a pseudo file system with no storage at

@@ -13,6 +13,8 @@ import dataclasses
 from meshplan.comm import deepspeed_zero12
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.interop.keymaps import keymap_of
+from meshplan.keymap import OWN, KeyMap
 from meshplan.mesh import resolve
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.mesh import MeshSpec, Schedule
@@ -43,21 +45,23 @@ def check_deepspeed_zero3(mesh, engine: str) -> None:
                               f"use {axis} 1 or zero3_engine = \"fsdp2\"")
 
 
-def check_zeropp(mesh, t) -> None:
+def check_zeropp(mesh, t, keys: KeyMap = OWN) -> None:
     """ConfigError where DeepSpeed ZeRO++'s groups do not fit ``mesh`` (:mod:`meshplan.comm.zeropp`):
     hpZ and qgZ build their groups from world ranks (deepspeedai/DeepSpeed edaa722 ``utils/groups.py``
     ``_create_zero_param_parallel_group``, 859-883, and ``_get_local_all_to_all_group``, 672-697), so
     the data axis must be the whole world (every other axis 1), and hpZ's g must divide it
-    (``_ensure_divisibility``)."""
+    (``_ensure_divisibility``). The error names the key as the config's file has it (``keys``:
+    :func:`meshplan.interop.keymaps.keymap_of`; ``zero_optimization.zero_hpz_partition_size`` in a
+    DeepSpeed JSON, ``training.zero_hpz_partition_size`` in a meshplan TOML)."""
     g, world, dp = t.zero_hpz_partition_size, mesh.world, mesh.degree("fsdp")
     key = "zero_hpz_partition_size" if g > 1 else "zero_quantized_gradients" if t.zero_quantized_gradients else ""
     if key and dp != world:
-        raise ConfigError(f"training.{key}", f"DeepSpeed builds ZeRO++'s groups from consecutive world ranks "
-                          f"(utils/groups.py), so the data axis must span the world; here fsdp {dp} of {world} ranks: "
-                          f"set every other axis to 1 or remove {key}")
+        raise ConfigError(keys.field(f"training.{key}"), f"DeepSpeed builds ZeRO++'s groups from consecutive world "
+                          f"ranks (utils/groups.py), so the data axis must span the world; here fsdp {dp} of {world} "
+                          f"ranks: set every other axis to 1 or remove {keys.field(f'training.{key}')}")
     if g > 1 and world % g:
-        raise ConfigError("training.zero_hpz_partition_size", f"{g} does not divide the world {world} (DeepSpeed's "
-                          f"_ensure_divisibility): use a divisor, e.g. the GPUs of a node")
+        raise ConfigError(keys.field("training.zero_hpz_partition_size"), f"{g} does not divide the world {world} "
+                          f"(DeepSpeed's _ensure_divisibility): use a divisor, e.g. the GPUs of a node")
 
 
 #: Why ``recompute = "op"`` has no runtime where :attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`
@@ -102,7 +106,7 @@ def check_runnable(config: Config, spec: MeshSpec, mesh: Mesh | resolve.Infeasib
         config.memory.fsdp_reduce_for(t, mesh.degree("pp"))
     if t.zero3_engine != "fsdp2" and not isinstance(mesh, resolve.Infeasible):
         check_deepspeed_zero3(mesh, t.zero3_engine)
-        check_zeropp(mesh, t)
+        check_zeropp(mesh, t, keymap_of(config))
         if not t.reshard_after_forward:  # a search candidate's (TrainingSpec refuses it in a config)
             raise ConfigError("training.reshard_after_forward", f"false is FSDP2's; zero3_engine "
                               f"{t.zero3_engine!r} gathers every parameter again in backward: remove it")

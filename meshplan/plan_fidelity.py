@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from meshplan.placement.assign import group_locality
 from meshplan.plan import Infeasible, Plan
-from meshplan.spec.accuracy import Fidelity, setting_line, settings_of
+from meshplan.spec.accuracy import Fidelity, h100_rows, setting_line, settings_of
 
 
 def shard_nodes(plan: Plan) -> int:
@@ -32,6 +32,12 @@ def plan_settings(plan: Plan | Infeasible) -> tuple[Fidelity, ...]:
     return settings_of(t.sharding, t.framework, plan.config.cluster.gpu.name, shard_nodes(plan))
 
 
-def plan_setting_line(who: str, plan: Plan | Infeasible) -> str:
-    """:func:`~meshplan.spec.accuracy.setting_line` of ``plan`` as ``who``; "" where it lies in none."""
-    return setting_line(who, plan_settings(plan))
+def plan_setting_line(who: str, plan: Plan | Infeasible, head: str = "warning") -> str:
+    """:func:`~meshplan.spec.accuracy.setting_line` of ``plan`` as ``who``, with the H100 benchmark's
+    rows of its settings (:func:`~meshplan.spec.accuracy.h100_rows`: float8 Linears, a TP overlap at
+    tp > 1, pp > 1); "" where it lies in none."""
+    if not isinstance(plan, Plan):
+        return ""
+    t, mesh = plan.config.training, plan.mesh
+    rows = h100_rows(t.linear_dtype == "fp8", bool(t.tp_comm_overlap) and mesh.degree("tp") > 1, mesh.degree("pp"))
+    return setting_line(who, plan_settings(plan), t.framework, rows, head)

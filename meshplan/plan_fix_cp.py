@@ -73,25 +73,33 @@ def cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Plan
     return None, _cp_why(plan, deg, data, refused)
 
 
-#: Why no cp is offered for an MoE model under ``training.framework = "torch"`` (newcomer trial 48:
-#: the line offered context_parallel_degree 4 for torchtitan's DeepSeek-V3 16B).
-MOE_CP = ("cp not offered for an MoE model under framework torch: meshplan validate builds context "
-          "parallelism for dense models only, and torchtitan's DeepSeek-V3 and Llama 4 flavours run flex "
-          "attention, which its CP refuses (NotImplementedError; Qwen3's MoE flavours run SDPA, which it takes)")
+#: Why no cp is offered for a model with multi-head latent attention under ``training.framework = "torch"``
+#: (:func:`moe_cp_refused`), in torchtitan's words (newcomer trial 48: the line offered
+#: context_parallel_degree 4 for torchtitan's DeepSeek-V3 16B).
+MOE_CP = ("cp not offered: torchtitan runs its DeepSeek-V3 flavours (MLA) with flex attention, where its "
+          "parallelize refuses CP: \"Context Parallel only supports SDPA attention. Got attn_type='flex'. "
+          "FlexAttention and varlen attention are not supported with CP.\" (models/deepseek_v3/infra/"
+          "parallelize.py:67-73 at e347b1e, v0.2.2)")
 
 
 def moe_cp_refused(plan: Plan) -> bool:
-    """Whether cp is not offered for ``plan``: an MoE model under ``training.framework = "torch"``,
-    where meshplan's runtime refuses cp with MoE layers
-    (:func:`meshplan.runtime.execution.buildable.unsupported_reasons`) and torchtitan refuses CP for
-    the flavours that run flex attention: pytorch/torchtitan 238fa99 (the last commit that reads
-    TOML job configs) ``models/deepseek_v3/infra/parallelize.py`` lines 67-73 and
-    ``models/llama4/model/args.py`` lines 79-88 raise NotImplementedError at
-    ``context_parallel_degree > 1`` unless ``attn_type == "sdpa"``, and ``models/deepseek_v3/__init__.py``
-    gives the 16B, 236B and 671B flavours ``attn_type="flex"`` (Qwen3's MoE flavours keep the
-    default "sdpa", ``models/qwen3/model/args.py`` line 39: torchtitan takes CP there, meshplan's
-    runtime does not)."""
-    return plan.config.model.is_moe and plan.config.training.framework == "torch"
+    """Whether cp is not offered for ``plan`` because torchtitan refuses it: an MoE model with multi-head
+    latent attention (a DeepSeek-V3 flavour's shape) under ``training.framework = "torch"``. pytorch/torchtitan e347b1e (v0.2.2, the job
+    TOML meshplan reads and writes; 238fa99 the same) ``models/deepseek_v3/infra/parallelize.py`` lines
+    67-73 raise NotImplementedError at ``context_parallel_degree > 1`` unless ``attn_type == "sdpa"``,
+    and ``models/deepseek_v3/__init__.py`` gives the 16B, 236B and 671B flavours ``attn_type="flex"``
+    (lines 100, 127, 154; DeepSeek-V3 is torchtitan's one MLA model). Qwen3's MoE flavours keep the
+    default "sdpa" (``models/qwen3/model/args.py`` line 39; ``models/qwen3/infra/parallelize.py``
+    lines 69-75 the same rule), so CP is offered there, and for the other MoE models, whose attention
+    meshplan plans as SDPA. (meshplan validate builds context parallelism for dense models only:
+    :func:`meshplan.runtime.execution.buildable.unsupported_reasons` says so for the plan it
+    runs.) A dense MLA model is no torchtitan flavour; meshplan's own runtime runs it with cp (torch's ring
+    over SDPA: tests/test_mla.py), so cp stays offered; ``plan`` itself refuses no cp (a refusal rule broke
+    those validated meshes: tt49). torchtitan b5bcd76 reversed the rule (``models/common/decoder.py``
+    173-183: CP with SDPA or varlen raises, flex is required); meshplan plans torch's CP as the SDPA
+    ring of <= v0.2.2."""
+    m = plan.config.model
+    return m.is_moe and m.is_mla and plan.config.training.framework == "torch"
 
 
 def _pp_source(plan: Plan, deg: dict[str, int]) -> Optional[str]:

@@ -131,7 +131,7 @@ def runtime_warnings(training, schedule, mesh: Mesh, model=None) -> tuple[str, .
     data = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
     fsdp2 = training.sharding in ("zero3", "hsdp") and data
     zero1 = (ZERO1_WITHOUT_ENGINE,) if training.sharding == "zero1" and data and not training.has_zero1_engine else ()
-    positions = position_warning(model, training.seq_len) if model is not None else ()
+    positions = position_warning(model, training.seq_len, training.framework) if model is not None else ()
     split_ac = split_backward_ac_warning(training, schedule, mesh.degree("pp"))
     return positions + zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2,
                                                                     training.reshard_after_forward) + split_ac
@@ -193,12 +193,16 @@ def split_backward_ac_head(training, schedule, pp: int) -> str | None:
             f"activation_checkpoint.mode = \"{mode}\") under framework torch")
 
 
-def position_warning(model, seq_len: int) -> tuple[str, ...]:
+def position_warning(model, seq_len: int, framework: str = "torch") -> tuple[str, ...]:
     """One line when ``seq_len`` (tokens) is more than ``model.max_position`` (the positions the
     model was built for; 0: unknown, no line): with RoPE the plan's costs are the same (no
     table), but the model needs RoPE scaling it does not say it has (Llama 3.1's, Dubey et al.
     2024 section 3.4.2, for 8k -> 128k: ``model.rope_scaling``), or past the context its stated
-    scaling was built for; learned positions have no row for the later tokens.
+    scaling was built for; learned positions have no row for the later tokens. Under framework
+    megatron the RoPE line says that Megatron-LM refuses the run (``assert
+    args.max_position_embeddings >= args.seq_length``, arguments.py validate_args at d98e8a6, as
+    :func:`meshplan.interop.megatron_flags.check_positions` says on import), and how to set it
+    (newcomer trial 49: a catalog llama3-70b at seq_len 32768 got the RoPE line alone).
 
     >>> from meshplan import catalog
     >>> position_warning(catalog.model("llama3-70b"), 8192), len(position_warning(catalog.model("llama3-70b"), 131072))
@@ -214,6 +218,12 @@ def position_warning(model, seq_len: int) -> tuple[str, ...]:
     rs = model.rope_scaling
     assumed = "assuming RoPE scaling the model does not state" if rs is None else \
         f"assuming its RoPE scaling (factor {rs.factor:g} over {rs.original_max_position} positions) holds that far"
+    if framework == "megatron":
+        return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}: planned as given "
+                f"(RoPE has no table; the cost is the same), {assumed}, but Megatron-LM asserts "
+                f"max_position_embeddings >= seq_length: run it with --max-position-embeddings {seq_len} or more "
+                f"(export --to megatron writes it so; [model] max_position = {seq_len} says it in the plan) or "
+                f"shorten training.seq_len",)
     return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}: planned as given "
             f"(RoPE has no table; the cost is the same), {assumed}; set "
             f"model.max_position to the scaled context (e.g. {seq_len}) or shorten training.seq_len",)

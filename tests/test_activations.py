@@ -135,6 +135,7 @@ def test_layer_options_from_mesh_and_training():
     m = resolve_mesh(MeshSpec(names=["dp", "cp", "tp"], shape=[2, 2, 2], sequence_parallel=True), 8)
     t = TrainingSpec(global_batch=8, seq_len=64, recompute="full", flash_attention=True)
     assert layer_options(m, t) == dict(tp=2, sp=True, cp=2, recompute="full", flash=True,
-                                         framework="torch", cp_kv=False)  # megakv: Megatron keeps the gathered QKV (tp > kv_heads)
+                                         framework="torch", cp_kv=False,  # megakv: Megatron keeps the gathered QKV (tp > kv_heads)
+                                         op_sac_policy="238fa99")  # tt49: the training's default op-level SAC policy
     # all-gather CP keeps the whole sequence's K and V (memory.cp_buffers); torch's ring (above) the local ones
     assert layer_options(m, t.model_copy(update={"cp_attention": "allgather"}))["cp_kv"] is True

@@ -84,7 +84,7 @@ def test_schema_files_are_valid_and_shipped():
 
 def test_the_validator_rejects_a_broken_document():
     doc = {"schema": "meshplan.groups/v1", "meshplan_version": "0.1.0", "config": None, "feasible": True,
-           "reasons": [], "rank": 0, "names": ["tp"], "shape": [2], "coordinates": {"tp": 0},
+           "reasons": [], "rank": 0, "names": ["tp"], "shape": [2], "strides": {"tp": 1}, "coordinates": {"tp": 0},
            "group_of_rank": {"tp": [0, 1]}, "groups": {"tp": [[0, 1]]}}
     assert validate("groups", doc) == []
     assert validate("groups", {**doc, "feasible": "yes"}) == ["['feasible']: 'yes' is not of type 'boolean'"]

@@ -102,7 +102,7 @@ def test_place_states_traffic_as_bytes_sent_per_rank_per_step_in_gb():
 @pytest.mark.parametrize("argv,field", [
     (["export", MINI, "--to", "megatron", "-o", "{d}/x.args"], "-o"),
     (["plan", MINI, "--json", "{d}/plan.json"], "--json"),
-    (["plan", MINI, "--html", "{d}/plan.html"], "--html"),
+    (["plan", MINI, "--html", "{d}/sub/plan.html"], "--html"),
     (["step", MINI, "--trace", "{d}/trace.json"], "--trace"),
     (["memory", MINI, "--out", "{d}/sub/mem"], "--out"),
 ])

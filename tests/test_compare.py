@@ -792,7 +792,9 @@ def test_identical_plans_that_do_not_fit_exit_1(tmp_path, capsys):
 def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     """Issue 11 (newcomer trial 5) item 2: a Megatron-LM plan against its own export imported back
     (the mesh spelled dp_shard 4 x tp 2 against dp 4 x tp 2, no knob differs) is equal on every
-    number: keys (2, 2, 2), 38.1 GiB, 6.185 s (r1 plans Megatron Core since mcore48, the generation its
+    number: keys (2, 2, 2), 38.2 GiB, 6.185 s (the peak, at the head's forward, holds the data loader's
+    b x s x s mask on the GPU since core49: 40,911,046,656 + 1 x 8192 x 8192 = 40,978,155,520 B, 38.10 ->
+    38.16 GiB; r1 plans Megatron Core since mcore48, the generation its
     export runs on and the import plans; under 2022 6.172 s: compute 5789.27 -> 5799.72 ms, 16 micro-batches
     x (1097.36 - 437.87) us, get_batch's five copies over PCIe 5.0 with the loader's 64 MiB mask against
     2022's copy, mask kernels and syncs, less the 22 step-timer syncs x 4.7 us; exposed tp 329.40 -> 331.96
@@ -822,7 +824,7 @@ def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     assert "verdict: equal (no criterion separates them)\n" in out and "decided by" not in out
     assert round(5789.27 + (16 * (1097.36 - 437.87) - 22 * 4.7) / 1e3, 2) == 5799.72
     assert doc["reasons"][0] == ("r1 and r1_mg_back are equal on every criterion of the search's rule (step 6.185 s, "
-                                 "2 axes of degree > 1, tp*pp*cp*ep 2, tp 2, settings none, peak memory 38.1 GiB): "
+                                 "2 axes of degree > 1, tp*pp*cp*ep 2, tp 2, settings none, peak memory 38.2 GiB): "
                                  "nothing to choose")
     assert not (tmp_path / "cmp").exists() or not list((tmp_path / "cmp").iterdir())
 

@@ -56,7 +56,7 @@ assert N8B == 8_030_261_248
 _S = 8192
 PEAK_8B_NONE = {
     "params": 4 * N8B // 8, "master": 0, "optimizer": 8 * N8B // 8, "grads": 4 * N8B // 8,
-    "comm_buffers": 4 * 2 ** 20 * 16 * 2, "workspace": 8 * 4 * 2 ** 20, "fragmentation": 0,
+    "comm_buffers": 4 * 2 ** 20 * 16 * 2, "userbuffers": 0, "workspace": 8 * 4 * 2 ** 20, "fragmentation": 0,
     "gathered_params": 2 * (128256 * 4096 + 4096), "grad_buffers": 0,
     "activations": 32 * (4 * 2 * _S * 4096 + 2 * 2 * _S * 1024 + 4 * 32 * _S + 2 * 2 * _S * 4096 + 4 * 2 * _S * 14336)
     + 8 * _S + 2 * 2 * _S * 4096 + 4 * _S * 128256 + 13 * _S,

@@ -83,8 +83,10 @@ def _load16(tmp_path, stage: int, name: str):
 def test_stage0_config_searches_the_stages_a_deepspeed_user_switches_to(tmp_path):
     """A stage 0 JSON (DeepSpeed's engine without ZeRO: training.zero0_engine "deepspeed") searched
     ZeRO-3 only, under FSDP2. Now it searches zero1, zero2 and zero3 as a stage 1, 2 or 3 JSON does
-    (the stage 2 search's 48 rows: dp 16 only, 4 micro-batches x 3 recompute policies, none of them
-    torchtitan's op, for zero1, zero2, and zero3 resharded or kept gathered), every row under the
+    (the stage 2 search's 72 rows: dp 16 only, 4 micro-batches x 3 recompute policies, none of them
+    torchtitan's op, for zero1, zero2, and zero3 resharded or kept gathered, each at DeepSpeed ZeRO++
+    hpZ g 1 and 8, the node's GPUs: the data axis is the world of 2 nodes, search/space.py
+    hpz_applies; 12 + 12 + 48), every row under the
     engine DeepSpeed runs at that stage, the same plan as the stage 2 config's row; a note says stage
     0 itself is no search row. The field belongs to sharding none only. Both configs in fp16: bf16 at
     stage 0 is DeepSpeed's BF16_Optimizer (sharding zero1, test_bf16_optimizer.py), not its engine
@@ -101,7 +103,8 @@ def test_stage0_config_searches_the_stages_a_deepspeed_user_switches_to(tmp_path
     assert (z0.training.sharding, z0.training.zero0_engine) == ("none", "deepspeed")
     assert z0.search.sharding == z2.search.sharding == ["zero1", "zero2", "zero3"]
     c0, c2 = enumerate_candidates(z0), enumerate_candidates(z2)
-    assert len(c0) == len(c2) == 48 and (c0.sh == c2.sh).all() and (c0.mb == c2.mb).all()
+    assert len(c0) == len(c2) == 72 and (c0.sh == c2.sh).all() and (c0.mb == c2.mb).all() and (c0.hz == c2.hz).all()
+    assert sorted(c0.hz[c0.sh == SHARDING.index("zero3")].tolist()) == [1] * 24 + [8] * 24
     for sh in ("zero1", "zero2", "zero3"):
         i = int((c0.sh == SHARDING.index(sh)).nonzero()[0][0])
         a, b = candidate_config(z0, c0, i), candidate_config(z2, c2, i)

@@ -76,14 +76,17 @@ def test_ipg_buffer_is_in_the_memory_timeline(tmp_path):
 
 def test_zero2_and_zero3_configs_search_the_same_stages_with_deepspeeds_engines(tmp_path):
     """A DeepSpeed user changes zero_optimization.stage freely: a stage 2 and a stage 3 JSON search
-    zero1, zero2 and zero3 alike (48 candidates each), every row under the engine DeepSpeed runs at
+    zero1, zero2 and zero3 alike (72 candidates each: 12 zero1, 12 zero2, 48 zero3, whose 24 rows run
+    at DeepSpeed ZeRO++ hpZ g 1 and 8, the node's GPUs, the data axis the world of 2 nodes:
+    search/space.py hpz_applies), every row under the engine DeepSpeed runs at
     its stage (zero1/zero2: DeepSpeed's ZeRO-1/2, overlap_comm its stage default false; zero3:
     DeepSpeed's ZeRO-3, overlap_comm true), so a row of one search is the same plan as the row of
     the other."""
     assert search_table(2) == search_table(3) and search_table(3)["sharding"] == ["zero1", "zero2", "zero3"]
     z2, z3 = _load(tmp_path, 2, "z2"), _load(tmp_path, 3, "z3")
     c2, c3 = enumerate_candidates(z2), enumerate_candidates(z3)
-    assert len(c2) == len(c3) == 48 and (c2.sh == c3.sh).all() and (c2.mb == c3.mb).all()
+    assert len(c2) == len(c3) == 72 and (c2.sh == c3.sh).all() and (c2.mb == c3.mb).all() and (c2.hz == c3.hz).all()
+    assert int((c2.hz == 8).sum()) == 24 and set(c2.sh[c2.hz == 8].tolist()) == {SHARDING.index("zero3")}
     for sh in ("zero1", "zero2", "zero3"):
         i = int((c2.sh == SHARDING.index(sh)).nonzero()[0][0])
         a, b = candidate_config(z2, c2, i).training, candidate_config(z3, c3, i).training

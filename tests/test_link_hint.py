@@ -73,8 +73,9 @@ KNOBS = {"training.reshard_after_forward = false": "reshard_after_forward = fals
 def test_overlap_tp_hints_are_the_config_as_written(tmp_path, capsys):
     """``step --overlap-tp`` prints the same ``hint:`` lines as ``step``, after a note naming the
     written config's step, and each hinted step is the step of the config edited so, as ``step``
-    prints it (27.95 s and 28.42 s, not the 26.3 s and 25.6 s of the ideal overlap, when the FSDP
-    knobs were hinted). (nicshare4: the written step 30052.45 -> 28323.06 ms under FSDP2's
+    prints it (27.95 s and 28.42 s, not the 26.3 s and 25.6 s of the whole-GEMM overlap, when the FSDP
+    knobs were hinted; nc49 #11 renamed it from "ideal bound": it is a what-if, not a bound).
+    (nicshare4: the written step 30052.45 -> 28323.06 ms under FSDP2's
     reduce-scatters on their own stream sharing the NIC max-min: a backward layer's reduce-scatter
     (22.7564 ms alone, demand 0.7404) and the next layer's all-gather (11.4665 ms, 0.7347) ran one
     after the other, 34.223 ms a layer; now side by side, each at half the NIC: the all-gather 11.4665 x
@@ -82,7 +83,7 @@ def test_overlap_tp_hints_are_the_config_as_written(tmp_path, capsys):
     0.7404 (11.378 ms of its work) and its 11.064 ms left alone: 28.227 ms, under the layer's 31.03 ms of
     backward compute, which now paces the layer. Each micro-batch's backward unit 2767.518 -> 2554.020
     ms, x 8, the last tail 49.353 -> 27.954 ms: -1729.38 ms. So the step is no longer fsdp-bound: the
-    ideal overlap's step is shorter (26692.93 ms), the async TP hint fires (26.64 s, -5.9%) and the link
+    whole-GEMM overlap's step is shorter (26692.93 ms), the async TP hint fires (26.64 s, -5.9%) and the link
     line re-plans the FSDP knobs to none more than 1% shorter: reshard_after_forward false 28.10 s,
     micro_batch 2 28.49 s, each the edited config's step.)"""
     cfg = _config(tmp_path)
@@ -94,7 +95,7 @@ def test_overlap_tp_hints_are_the_config_as_written(tmp_path, capsys):
         == (16.85, 28.23)
     assert _hints(ideal) == _hints(plain) and len(_hints(plain)) == 2
     note = ("note: the verdict and hint lines below are the config as written, TP blocking (step 28323.06 ms), not "
-            "--overlap-tp's ideal bound: a hint's step is what step prints for the config with it set")
+            "--overlap-tp's whole-GEMM overlap: a hint's step is what step prints for the config with it set")
     assert note in ideal and note not in plain
     tp = next(h for h in _hints(ideal) if h.startswith("hint: exposed tp"))
     edited = _config(tmp_path, "async", "tp_comm_overlap = true\ntorch_compile = true\n")

@@ -173,3 +173,50 @@ def test_core_syncs_once_per_blocking_p2p_call():
         st = step_time(build_plan(_cfg(mesh, runtime)))
         got[runtime] = {e.stage: round(e.dur_s * 1e6, 4) for e in st.post_events if e.name == "pipeline p2p calls' syncs"}
     assert got == {"2022": {0: 239.7, 1: 239.7}, "core": {0: 79.9, 1: 79.9}}
+
+
+def test_core_interleaved_at_m_equal_p_counts_core_s_warm_up():
+    """pp 4 x tp 2, interleaved 1F1B with 2 chunks a stage, m = 4 = p micro-batches, the p2p overlap off
+    (blocking calls, each synchronised). Megatron-LM 2022 puts every unit in warm-up at m == p
+    (w = m v = 8 on every stage): m v + w + [s > 0] + [s < p - 1] = 17, 18, 18, 17 calls, 3 syncs each
+    x 4.7 us = 239.7, 253.8, 253.8, 239.7 us. Megatron Core (d98e8a64dd ``schedules.py``
+    ``get_pp_rank_microbatches`` 929-987) has no m == p case: w = min(8, 2 (3 - s) + 4) = 8, 8, 6, 4,
+    the receive before the cool-down only where w = m v (1960-1972, stages 0 and 1): 17, 18, 15, 13
+    calls, one sync each: 79.9, 84.6, 70.5, 61.1 us. Before, core counted 2022's calls (84.6 us on
+    stages 2 and 3)."""
+    mesh = {"names": ["pp", "tp"], "shape": [4, 2], "sequence_parallel": True, "pp_schedule": "interleaved_1f1b",
+            "virtual_stages": 2}
+    got = {}
+    for runtime in ("2022", "core"):
+        st = step_time(build_plan(_cfg(mesh, runtime, global_batch=4, pp_p2p_overlap=False)))
+        got[runtime] = {e.stage: round(e.dur_s * 1e6, 4) for e in st.post_events if e.name == "pipeline p2p calls' syncs"}
+    assert got == {"2022": {0: 239.7, 1: 253.8, 2: 253.8, 3: 239.7}, "core": {0: 79.9, 1: 84.6, 2: 70.5, 3: 61.1}}
+
+
+@pytest.mark.parametrize("mesh, kept", [(PP2_TP4, 2048 * 2048), ({"names": ["pp", "cp", "tp"], "shape": [2, 2, 2],
+                                                                   "sequence_parallel": True}, 2048 * 2048 // 2)])
+def test_core_loader_mask_on_the_gpu_of_the_end_stages(mesh, kept):
+    """The data loader's ``[b, 1, s, s]`` bool mask (NVIDIA/Megatron-LM d98e8a64dd): pinned host memory
+    until ``get_batch`` (``pretrain_gpt.py:110-160``) copies it to the GPU on tp rank 0 and every other
+    tp rank allocates its broadcast buffer, ``torch.empty((b, 1, s, s), dtype=torch.bool)``
+    (``megatron/core/utils.py:2337-2342``): b 1, s 2048, 1 B: 4,194,304 B on every rank of the first and
+    the last stage, in the first chunk's forward and the last's, none on another stage or pass. At cp 2
+    ``_get_batch_on_this_cp_rank_per_sequence_balancing`` (2504-2560) index_selects 2 of the 4 row chunks
+    into a new tensor, 4,194,304 / 2 = 2,097,152 B kept, the full copy freed. Freed when ``forward_step``
+    returns (a local, not saved for backward): every allocation has its free in the same pass. The
+    last stage's peak is its head's forward of the first micro-batch, where the mask is held, so its
+    peak is ``kept`` above the same plan without the loader's mask (``dataloader_attention_mask =
+    false``); stage 0's peak is in a backward, unchanged. Before, the timeline held no mask at all."""
+    on, off = build_plan(_cfg(mesh)), build_plan(_cfg(mesh, dataloader_attention_mask=False))
+    full = 2048 * 2048
+    for stage, tl in enumerate(on.timelines):
+        masks = [e for e in tl.events() if e.label.startswith("get_batch")]
+        micro = on.config.training.global_batch // (on.config.training.micro_batch * on.mesh.degree("dp"))
+        assert sum(e.delta_bytes for e in masks if e.delta_bytes > 0) == micro * full
+        assert sum(e.delta_bytes for e in masks) == 0 and {e.phase for e in masks} == {"forward"}
+        peak = max(e.delta_bytes for e in masks if e.delta_bytes > 0)
+        assert peak == full
+    last = len(on.timelines) - 1
+    assert on.timelines[last].peak.total_bytes - off.timelines[last].peak.total_bytes == kept
+    assert on.timelines[0].peak.total_bytes == off.timelines[0].peak.total_bytes
+    assert not [e for e in off.timelines[last].events() if e.label.startswith("get_batch")]

@@ -162,3 +162,38 @@ def test_selective_module_replays_as_the_table_counts_on_every_megatron_schedule
         table = _per_op(table_counts(plan, s, ("tp", "ep")))
         assert table == _per_op(timeline_counts(st, s, ("tp", "ep"))), s
         assert table[("ep", "all-to-all")] > 0
+
+
+# Megatron-LM's mla_up_proj (CheckpointWithoutOutput around qkv_up_proj_and_rope_apply, d98e8a6
+# multi_latent_attention.py 855-988): its arguments are the latents after the duplicated
+# down-projections, the sequence shard under SP; the replayed linear_q_up_proj and linear_kv_up_proj
+# (column-parallel) all-gather them again (TE d0067d0 linear.py 346-349, 407-412).
+# meshplan.spec.recompute_modules.mla_up_gathers.
+MLA = dict(TINY, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+
+
+def test_selective_mla_up_proj_replays_the_latents_all_gathers():
+    """MLA (TINY's 4 layers with a query latent of 32 and a key/value latent of 16), dp_shard 2 x
+    tp 2 + SP, Megatron-LM, b 1, s 64, m = 4. ``--recompute-modules core_attn mla_up_proj`` adds per
+    layer and micro-batch one all-gather of each latent in backward: 1 x 64 x 32 x 2 = 4,096 B and
+    1 x 64 x 16 x 2 = 2,048 B (nccl-tests' size: the gathered output), 4 layers x 4 = 16 a step each;
+    none with core_attn alone, none without SP (the up-projections' inputs whole). The timeline issues
+    as many. The step grows by the replayed up-projection ops (layer_cost's, as before this change:
+    wq_b, wkv_b, RoPE 4.70 us each and the two latent norms 6.90 us each = 27.90 us) plus both
+    all-gathers (10.45 and 10.30 us, latency-bound on NVLink 4), the compute waiting for them:
+    16 x (27.90 + 20.76) = 778.6 us (7.245 -> 8.024 ms; before this change 7.692 ms, the compute alone)."""
+    core, up = _selective(["core_attn"], MLA), _selective(["core_attn", "mla_up_proj"], MLA)
+    rows = [(r.size_bytes, r.per_step) for r in up.stage(0).collectives if "mla_up_proj" in r.cadence]
+    assert rows == [(1 * 64 * 32 * 2, 16), (1 * 64 * 16 * 2, 16)]
+    assert not [r for r in core.stage(0).collectives if "mla_up_proj" in r.cadence]
+    no_sp = _selective(["core_attn", "mla_up_proj"], MLA, dict(MESH, sequence_parallel=False))
+    assert not [r for r in no_sp.stage(0).collectives if "mla_up_proj" in r.cadence]
+    assert _per_op(table_counts(up, 0, ("tp",))) == _per_op(timeline_counts(step_time(up), 0, ("tp",)))
+    t_q, t_kv = [r.time_s for r in up.stage(0).collectives if "mla_up_proj" in r.cadence]
+    cost = layer_cost(up.config.model, up.config.cluster.gpu, workload_of(up), layer=0)
+    base = layer_cost(core.config.model, core.config.cluster.gpu, workload_of(core), layer=0)
+    replayed = sum(o.seconds for o in cost.ops if o.recompute) - sum(o.seconds for o in base.ops if o.recompute)
+    assert replayed > 0
+    grew = step_time(up).step_s - step_time(core).step_s
+    assert grew == pytest.approx(16 * (replayed + t_q + t_kv), rel=1e-9)
+    assert grew == pytest.approx(778.6e-6, rel=1e-3)

@@ -105,7 +105,7 @@ def test_tiny_zero3_every_number_by_hand():
     assert (pk.phase, pk.layer, pk.microbatch) == ("backward", 1, 1)
     assert pk.where() == "backward of layer 1 (micro-batch 1)"
     assert pk.label == "layer 1: reduce-scatter input (reduce dtype)"
-    by_hand = {"params": 20640, "master": 0, "optimizer": 41280, "grads": 20640, "comm_buffers": 4000,
+    by_hand = {"params": 20640, "master": 0, "optimizer": 41280, "grads": 20640, "comm_buffers": 4000, "userbuffers": 0,
                "workspace": 500, "fragmentation": 0,
                "gathered_params": 2 * lay,                # layer 1 + layer 0's all-gather output
                "grad_buffers": 3104 * 2 + 3104 * 4,       # layer 1 grad, its RS input

@@ -7,7 +7,6 @@ import pytest
 from cli_run import run_main as _main
 from tests.configs import job_toml
 
-from meshplan.plan_fix_cp import MOE_CP
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -125,16 +124,12 @@ NODES_TAIL = ("does not fit as configured on up to 4096 nodes either (data axis 
 @pytest.mark.parametrize("seq, framework, cp_words, short", [
     # cp 8 from dp_shard 32 lowers the activation-bound peak 7.8x, the lowest of the line's (was left out: it
     # does not fit); an odd sequence does not split into 2 x cp chunks, and the line says so (was silent).
-    # Newcomer trial 48: under framework torch no cp is offered for an MoE model (meshplan validate builds cp
-    # for dense models only; torchtitan's MoE flavours but Qwen3's run flex attention, which its CP refuses:
-    # plan_fix_cp.moe_cp_refused), and the line says so; the cp variants are checked under framework megatron
-    # (Megatron-LM's CP runs MoE layers: test_long_sequence_fix_offers_cp_under_megatron).
     # valmoe3: 3362.3 GiB before, the MoE backward step now 3 gradients of the received rows
     # (the activation step, as torch measured), not dX + 2. Newcomer trial 27 #B: the variants over usable
     # memory close the line, after its fix, as no fix alone (they opened it)
-    # (usable: the H100's runtime total 79.11 GiB x 0.9 = 71.2 GiB)
-    (10_000_000, "torch", MOE_CP + "; ", "; over the usable 71.2 GiB, no fix alone: tp x2 (dp_shard 16 x ep 8 x tp 2) "
-                                         "-> peak 3591.2 GiB"),
+    # (usable: the H100's runtime total 79.11 GiB x 0.9 = 71.2 GiB). Under framework torch the Mixtral
+    # line offers cp too since tt49 (test_long_sequence_fix_offers_cp_with_moe_layers): torchtitan refuses
+    # CP only for its flex-attention flavours (DeepSeek's MLA; plan_fix_cp.moe_cp_refused)
     (10_000_001, "megatron", "cp not offered (cp 2: seq_len 10000001 is not divisible by 2 * cp (4) for load-balanced "
                              "causal CP); ", ""),
 ])
@@ -146,14 +141,17 @@ def test_long_sequence_fix_tries_cp_or_says_why_not(tmp_path, capsys, seq, frame
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"fix: {cp_words}{NODES_TAIL}{short}"
 
 
-def test_long_sequence_fix_offers_cp_under_megatron(tmp_path, capsys):
-    """Trial 21's cp variant, where a runtime runs cp with MoE layers (Megatron-LM): cp 8 from dp_shard 32
-    is printed though it does not fit, after tp x2, with the lower peak of the two (the sequence's activations
-    scale with 1 / cp, tp x2's with 1 / 2)."""
+@pytest.mark.parametrize("framework", ["megatron", "torch"])
+def test_long_sequence_fix_offers_cp_with_moe_layers(tmp_path, capsys, framework):
+    """Trial 21's cp variant, where a runtime runs cp with MoE layers (Megatron-LM; torchtitan with SDPA
+    attention, as its Qwen3 MoE flavours run it: plan_fix_cp.moe_cp_refused refuses the MLA flavours
+    only, as torchtitan's parallelize does): cp 8 from dp_shard 32 is printed though it does not fit,
+    after tp x2, with the lower peak of the two (the sequence's activations scale with 1 / cp, tp x2's
+    with 1 / 2). Under torch until tt49 the line said "cp not offered" for every MoE model."""
     import re
     toml = (EXAMPLES / "mixtral-8x7b_32xh100_ep8-dp32.toml").read_text().replace("seq_len = 4096", "seq_len = 10000000")
     job = tmp_path / "long.toml"
-    job.write_text(toml.replace('sharding = "zero3"', 'sharding = "zero3"\nframework = "megatron"'))
+    job.write_text(toml.replace('sharding = "zero3"', f'sharding = "zero3"\nframework = "{framework}"'))
     assert _main("plan", job) == 1
     line = capsys.readouterr().err.strip().splitlines()[-1]
     m = re.search(r"no fix alone: tp x2 \(dp_shard 16 x ep 8 x tp 2\) -> peak ([\d.]+) GiB; cp 8 \(dp_shard 4 x cp 8 "

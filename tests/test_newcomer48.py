@@ -26,6 +26,7 @@ all-to-all wording, the etp the import note says export writes).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,32 @@ def test_cosmetics(tmp_path):
     assert fields == ["training.linear_dtype"]
     words = _hops(AxisCost("ep", weight=1.0, network_hops=512 * 24 / 31, spine_hops=0, socket_hops=0.0, kind="all-to-all"))
     assert words.startswith("396.4 (the sum over the ranks of (n - g)/(n - 1), the share of its all-to-all bytes")
+
+
+def test_fix_line_names_torchtitans_refusal_for_mla_only():
+    """tt49: torchtitan (e347b1e, v0.2.2) refuses CP where the attention is not SDPA
+    (models/deepseek_v3/infra/parallelize.py:67-73; its DeepSeek flavours set attn_type "flex",
+    __init__.py:100, 127, 154), not for MoE as such (Qwen3's MoE flavours run SDPA, qwen3/model/args.py:39):
+    the fix line's cp refusal is for the MLA MoE model under torch and quotes torchtitan's words; under
+    megatron (Transformer Engine's CP runs MLA) it is not refused; a non-MLA MoE model under torch is offered
+    cp (tests/test_newcomer21.py::test_long_sequence_fix_offers_cp_with_moe_layers)."""
+    from meshplan.plan_fix_cp import moe_cp_refused
+    cfg = load_any(DATA / "tt_dsv3_16b_default.toml", "torchtitan", ImportOptions(cluster="dgx-h100", nodes=1))
+    plan = build_plan(cfg)
+    assert cfg.model.is_mla and moe_cp_refused(plan)
+    assert "Got attn_type='flex'. FlexAttention and varlen attention are not supported with CP." in MOE_CP
+    mg = build_plan(replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron",
+                                                                          "recompute": "selective"})))
+    assert not moe_cp_refused(mg)
+    mix = config_from_dict({"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 4096},
+                            "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    assert mix.model.is_moe and not moe_cp_refused(build_plan(mix))
+    # a dense MLA model is no torchtitan flavour; meshplan's runtime runs it with cp (tests/test_mla.py)
+    dense = config_from_dict({"model": {"name": "dense-mla", "layers": 4, "hidden": 2048, "ffn": 10944, "q_heads": 16,
+                                        "vocab": 102400, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                                        "qk_rope_head_dim": 64, "v_head_dim": 128},
+                              "cluster": {"system": "dgx-h100", "nodes": 1},
+                              "training": {"global_batch": 8, "seq_len": 4096},
+                              "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    assert dense.model.is_mla and not dense.model.is_moe and not moe_cp_refused(build_plan(dense))

@@ -101,7 +101,7 @@ def test_usable_memory_one_value(planned):
 
 #: a formula's tell-tale text -> the one file (under meshplan/) allowed to hold it
 HOMES = {
-    r"40_000_000": "spec/memory.py",                                  # Megatron's bucket floor
+    r"40_000_000": "spec/memory_buckets.py",                          # Megatron's bucket floor
     r"\*\s*\(\s*1\s*-\s*[\w.]*reserve\)": "memory/constraints.py",   # usable HBM: x * (1 - reserve)
     r"2\s*\*\s*\(updated \+ optimizer\)": "schedule/optimizer_step.py",   # optimizer step bytes (Adam's pass)
     r"optimizer_temp_states\s*\*": "spec/memory.py",                  # optimizer temporaries

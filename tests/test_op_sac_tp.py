@@ -71,9 +71,11 @@ def test_without_sequence_parallel_is_refused():
 
 
 def test_search_note_gives_the_true_reason_for_tp_1():
-    """The search keeps op to tp = cp = ep = 1 although plan models it at tp > 1: its step-time
-    bound (search.layer_bounds.chains) replays op as full, adding the blocks' tp reduce-scatters that the
-    policy saves. The note says so, not that the TP collectives are unmodelled (they are, above)."""
+    """The search keeps op to tp = cp = 1 although plan models it at tp > 1. Its step-time bound
+    (search.layer_bounds.chains) once replayed op as full, adding the blocks' tp reduce-scatters that
+    the policy saves; it now replays op as the timeline does (tests/test_search_op_sac.py, where op is
+    searched at ep > 1 and with MLA), but is checked against simulated steps at tp 1 only, which is
+    what the note says; not that the TP collectives are unmodelled (they are, above)."""
     from meshplan.search.settings_notes import settings_notes
     from meshplan.search.space import RECOMPUTE, enumerate_candidates
 
@@ -84,10 +86,9 @@ def test_search_note_gives_the_true_reason_for_tp_1():
     op = c.rc == RECOMPUTE.index("op")
     assert op.any() and (c.tp[op] == 1).all() and (c.tp > 1).any()
     note = [n for n in settings_notes(cfg, c) if n.startswith("recompute 'op'")]
-    assert note == ["recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep "
-                    "= 1 only: plan models it at tp > 1 with sequence parallelism (its replay repeats the tp "
-                    "all-gathers), but the search's step-time pruning (search.timing) replays it as full recompute, tp "
-                    "reduce-scatters and ep all-to-alls included, which the policy saves, so it could discard such a "
-                    "candidate wrongly (plan models ep > 1 too: the all-to-alls' outputs saved); with cp > 1 plan "
-                    "refuses it (which CP collectives its replay runs is not modelled)"]
+    assert note == ["recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = 1 "
+                    "only (any ep, multi-head latent attention too): plan models it at tp > 1 with sequence "
+                    "parallelism (its replay repeats the tp all-gathers), but the search's step-time pruning "
+                    "(search.timing) is not checked there; with cp > 1 plan refuses it (which CP collectives its "
+                    "replay runs is not modelled)"]
     assert "not modelled yet" not in note[0]

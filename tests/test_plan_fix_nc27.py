@@ -22,7 +22,7 @@ from tests.test_plan_fix import _gib, _step
 #: The ``_ddp`` job's sequence (tokens per micro-batch) and the NCCL buffers (4 MiB x 16 channels x 2 peers)
 #: and cuBLAS workspace (8 x 4 MiB) of one data axis' communicator (meshplan/spec/memory.py's defaults).
 S = 2048
-BUFFERS = {"comm_buffers": 4 * 2 ** 20 * 16 * 2, "workspace": 8 * 4 * 2 ** 20, "fragmentation": 0}
+BUFFERS = {"comm_buffers": 4 * 2 ** 20 * 16 * 2, "userbuffers": 0, "workspace": 8 * 4 * 2 ** 20, "fragmentation": 0}
 
 #: DDP over dp_replicate 32, full recompute, by hand: fp32 parameters, gradients and Adam's two moments
 #: whole on every rank (4 N, 4 N, 8 N B); at the head's forward (the first micro-batch) each layer's input

@@ -494,15 +494,16 @@ def test_op_recompute_outside_its_searched_meshes_names_the_limit():
     """Newcomer trial 15: a 70B job at dp_shard 32 x tp 8 with recompute "op", [search] recompute
     ["op", "selective"], read "recompute op is not searched (searched with the rest of the mesh:
     selective; widen [search] recompute)", though op was listed: the search plans op only at
-    tp = cp = ep = 1 without MLA (search.space_recompute.op_recompute_ok), which this mesh (tp 8) is not.
+    tp = cp = 1 (search.space_recompute.op_recompute_ok; any ep and MLA since tt49), which this mesh
+    (tp 8) is not.
     Where op is not listed, the line still says to widen [search] recompute."""
     from meshplan.search.configured import find
     from meshplan.search.space import enumerate_candidates
     cfg = _cfg("llama3-70b_256xh100_dp32-tp8.toml", training={"recompute": "op"},
                narrow={"recompute": ["op", "selective"], "tp": [8], "pp": [1], "cp": [1]})
     assert find(cfg, cfg.mesh, enumerate_candidates(cfg)) == (
-        "recompute op is searched only at tp = cp = ep = 1 without multi-head latent attention (its step-time "
-        "bound does not hold otherwise); this mesh has tp 8")
+        "recompute op is searched only at tp = cp = 1 (its step-time bound is not checked otherwise); this mesh has "
+        "tp 8")
     cfg = replace(cfg, search=cfg.search.model_copy(update={"recompute": ["selective"]}))
     assert find(cfg, cfg.mesh, enumerate_candidates(cfg)) == (
         "recompute op is not searched (searched with the rest of the mesh: selective; widen [search] recompute)")

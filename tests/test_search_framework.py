@@ -109,7 +109,8 @@ def test_deepspeed_zero2_config_searches_its_own_stage():
     with Llama 3 8B at 4,096 tokens: its [search] is one data axis (dp_shard 16) with zero1, zero2
     and zero3; 4 micro-batches x 3 policies (none, selective, full; not torchtitan's op, which
     DeepSpeed's engine does not have) x (zero1 + zero2 + zero3 with and without
-    reshard_after_forward) = 48 candidates (36 without zero2). The config's
+    reshard_after_forward, each at DeepSpeed ZeRO++ hpZ g 1 and 8: the data axis is the world of 2
+    nodes, search/space.py hpz_applies) = 12 x 6 = 72 candidates (60 without zero2). The config's
     own run (zero2, mb 1, no recompute: the JSON has no activation_checkpointing section) is one
     of them, planned as `meshplan step` plans the config: 5797.53 ms (5798.09 before torch's batch copy
     replaced the 52 us per micro-batch; 6018.68 ms when the reader
@@ -125,7 +126,7 @@ def test_deepspeed_zero2_config_searches_its_own_stage():
     assert cfg.search.sharding == ["zero1", "zero2", "zero3"] and cfg.training.sharding == "zero2"
     c = enumerate_candidates(cfg)
     z2 = SHARDING.index("zero2")
-    assert len(c) == 48 and int((c.sh == z2).sum()) == 12 and not c.rf[c.sh == z2].min() == 0
+    assert len(c) == 72 and int((c.sh == z2).sum()) == 12 and not c.rf[c.sh == z2].min() == 0
     own = int(np.flatnonzero((c.sh == z2) & (c.mb == 1) & (c.rc == 0))[0])  # RECOMPUTE[0]: none
     mine = build_plan(cfg)
     row = build_plan(candidate_config(cfg, c, own))

@@ -38,13 +38,14 @@ def cross():
 
 def test_each_framework_searches_what_its_runtime_runs(cross):
     """deepspeed: ZeRO over one data axis (pp = tp = cp = 1; 16 GPUs: dp_shard 16 at zero1,
-    zero2, zero3 resharded and kept gathered = 4 candidates). megatron_deepspeed: Megatron's
+    zero2, zero3 resharded and kept gathered, the zero3 ones each at DeepSpeed ZeRO++ hpZ g 1 and 8,
+    the data axis the world of 2 nodes: search/space.py hpz_applies = 6 candidates). megatron_deepspeed: Megatron's
     TP and PP under DeepSpeed's engines, which reject ZeRO-2/3 beside pp > 1 (DeepSpeed's
     PipelineEngine asserts stage < 2): no row with pp 2 is zero2 or zero3; no hsdp, no cp, and no
     candidate with tp overlap or short end stages (Megatron-DeepSpeed has neither flag)."""
     _, x = cross
     ds, mds = x.results["deepspeed"], x.results["megatron_deepspeed"]
-    assert len(ds.candidates) == 4
+    assert len(ds.candidates) == 6 and sorted(ds.candidates.hz.tolist()) == [1, 1, 1, 1, 8, 8]
     assert all(int(ds.candidates.pp[e.index]) == int(ds.candidates.tp[e.index]) == 1 for e in ds.top)
     c = mds.candidates
     assert mds.counts()["engine"] > 0
@@ -241,3 +242,39 @@ def test_zero_optimization_not_an_object_is_a_one_line_error_naming_it(tmp_path,
                      "--model", "llama3-8b", "--seq-len", 4096, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert r.stderr.startswith(f"error: zero_optimization: {value!r}: give a JSON object of ZeRO keys")
+
+
+def test_megatron_deepspeed_zero1_rows_run_deepspeed_s_pipeline_engine(cross):
+    """Megatron-DeepSpeed under ``--deepspeed`` builds ``GPTModelPipe`` and DeepSpeed's PipelineEngine
+    runs it at any pp unless ``--no-pipeline-parallel`` (pp 1 only; microsoft/Megatron-DeepSpeed 0782d75
+    ``pretrain_gpt.py`` ``model_provider``, 060fb40 ``megatron/arguments.py``): its import sets
+    ``pp_engine = "deepspeed"`` (:func:`meshplan.interop.megatron_deepspeed.deepspeed_engine`), so the
+    search's zero1 rows must too; its zero3 rows stay ``framework`` (the engine asserts stage < 2).
+    The pp 2 x dp 8 zero1 row is planned as the same mesh with the import's keys (``framework =
+    "megatron"``, ``zero12_engine`` and ``pp_engine = "deepspeed"``): the same step. Before, the row ran
+    Megatron-LM's own schedule, send and receive of a 1F1B step paired in one call: exposed pp 19.59 ms
+    where the PipelineEngine's separate blocking calls expose 34.82 ms (step 5834.39 -> 5849.54 ms)."""
+    from meshplan.search.candidate import candidate_config
+    cfg, x = cross
+    mds = x.results["megatron_deepspeed"]
+    c, rows = mds.candidates, {mds.candidates.label(e.index).split(", mb")[0]: e for e in mds.top}
+    engines = {k: candidate_config(mds.config, c, e.index).training.pp_engine for k, e in rows.items()}
+    assert engines["pp 2 x dp 8"] == "deepspeed" and engines["dp_shard 16"] == "framework"
+    mine = config_from_dict({**SMALL, "mesh": {"names": ["pp", "dp"], "shape": [2, 8]}, "training": {
+        **SMALL["training"], "recompute": "full", "framework": "megatron", "sharding": "zero1",
+        "zero12_engine": "deepspeed", "pp_engine": "deepspeed", "param_dtype": "bf16", "grad_dtype": "bf16"}})
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+    assert rows["pp 2 x dp 8"].step_s == pytest.approx(step_time(build_plan(mine)).step_s, rel=1e-12)
+    assert rows["pp 2 x dp 8"].breakdown["exposed pp"] == pytest.approx(0.03482, abs=5e-6)
+
+
+def test_megatron_deepspeed_framework_config_runs_the_pipeline_engine_at_zero1():
+    """A ZeRO-1 config searched under ``--framework megatron_deepspeed`` is Megatron-DeepSpeed's
+    ``--deepspeed --zero-stage 1`` without ``--no-pipeline-parallel``: ``pp_engine = "deepspeed"``, as
+    its import; a ZeRO-3 one is ``--no-pipeline-parallel`` (pp 1), its own engine."""
+    z1 = config_from_dict({**SMALL, "training": {**SMALL["training"], "sharding": "zero1"}}, require_mesh=False)
+    assert framework_config(z1, "megatron_deepspeed").training.pp_engine == "deepspeed"
+    assert framework_config(z1, "megatron").training.pp_engine == "framework"
+    z3 = config_from_dict(SMALL, require_mesh=False)
+    assert framework_config(z3, "megatron_deepspeed").training.pp_engine == "framework"

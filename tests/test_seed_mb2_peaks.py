@@ -43,7 +43,7 @@ def peak_by_hand(tp: int, dp_shard: int) -> dict:
     layer = 6 * 2 * 8192 // tp + 2 * 2 * (8 // tp) * 128 + 4 * 2 * 28672 // tp
     head = 8 + 2 * 2 * 8192 // tp + 4 * 128256 // tp + 13
     return {"params": 4 * local // dp_shard, "master": 0, "optimizer": 8 * local // dp_shard,
-            "grads": 4 * local // dp_shard, "comm_buffers": 2 * 4 * 2 ** 20 * 16 * 2, "workspace": 8 * 4 * 2 ** 20,
+            "grads": 4 * local // dp_shard, "comm_buffers": 2 * 4 * 2 ** 20 * 16 * 2, "userbuffers": 0, "workspace": 8 * 4 * 2 ** 20,
             "fragmentation": 0, "gathered_params": 2 * (128256 * 8192 // tp + 8192), "grad_buffers": 0,
             "activations": TOKENS * (80 * layer + head), "temporaries": TOKENS * 2 * 128256 // tp}
 

@@ -191,7 +191,7 @@ def test_overlap_tp_flag_prints_what_the_ideal_overlap_did(tmp_path, capsys):
     want = (f"tp overlap (--overlap-tp): {IDEAL_TP_OVERLAP}; exposed tp {a.get('exposed tp', '0.00')} ms (blocking: "
             f"{b['exposed tp']} ms), compute {a['compute']} ms (blocking: {b['compute']} ms), step {a['step']} ms "
             f"(blocking: {b['step']} ms): saves {saves:.2f} ms per step")
-    assert IDEAL_TP_OVERLAP.startswith("ideal overlap of whole GEMMs")
+    assert IDEAL_TP_OVERLAP.startswith("whole-GEMM overlap, a what-if, not a bound")
     path = _toml(tmp_path, off_cfg)
     flagged = _main(["step", path, "--overlap-tp"], capsys)
     assert flagged.splitlines()[0].startswith(f"step {a['step']} ms") and want in flagged.splitlines()

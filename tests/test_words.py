@@ -151,7 +151,9 @@ def test_deepspeed_search_labels_the_engine_rule_by_the_engine_planned(tmp_path)
     """Finding 4: a search of the DeepSpeed ZeRO-2 example (current DeepSpeed's ZeRO-1/2 engine,
     zero3_engine left at fsdp2), widened to pp and cp 1 or 2, named ``zero3_engine deepspeed-2021``
     first in the engine rule's label; it names the engine planned alone, each engine's rule with
-    its own rows (issue 11: 216 zero1/zero2 rows by ZeRO-1/2's rule, 228 zero3 rows by ZeRO-3's, 444 in all)."""
+    its own rows (issue 11: 216 zero1/zero2 rows by ZeRO-1/2's rule, 240 zero3 rows by ZeRO-3's, 456 in all:
+    228 before the search varied DeepSpeed ZeRO++ hpZ, which doubles the 12 zero3 rows of dp_shard 16 kept
+    gathered, the only ones of that rule with the data axis the world of 2 nodes: search/space.py hpz_applies)."""
     path = _deepspeed_zero2(tmp_path)
     path.write_text(path.read_text().replace("pp = [1]", "pp = [1, 2]").replace("\ncp = [1]", "\ncp = [1, 2]"))
     r = _cli("search", path)
@@ -159,7 +161,7 @@ def test_deepspeed_search_labels_the_engine_rule_by_the_engine_planned(tmp_path)
     assert ("rejected, rule 'engine' (zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 "
             "with zero2, overlap_comm, vpp > 1 or a schedule other than 1F1B): 216") in out
     assert ("rejected, rule 'engine' (zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 "
-            "or parameters kept gathered): 228") in out
+            "or parameters kept gathered): 240") in out
     assert "deepspeed-2021" not in r.output
 
 

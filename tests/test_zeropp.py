@@ -97,11 +97,41 @@ def test_qgz_rows_sum_into_the_layer_reduction():
 def test_one_node_hpz_of_the_node_and_qgz_leave_the_step():
     """On one node (world 8) hpZ with g = 8 gathers over the same 8 ranks as plain ZeRO-3 (its
     secondary group is the whole group), and qgZ falls back to the reduce-scatter
-    (stage3.py __avg_scatter_grads: num_nodes > 1 only): the step is plain ZeRO-3's to the bit, the
-    memory higher by the secondary partition (below)."""
+    (stage3.py __avg_scatter_grads: num_nodes > 1 only): qgZ's step is plain ZeRO-3's to the bit;
+    hpZ's is longer by its secondary copies alone, on the compute stream of micro-batch 0's forward
+    (partition_parameters.py _partition_param_sec 1916-1923: zero_, copy_, then the stream's
+    synchronize, one issue floor of 4.7 us, catalog kernels.toml). Per layer (9 tensors, 218,112,000
+    elements): 3 x 27,264,000 x 2 B = 163.6 MB, 55.1 us at Triad 2.97 TB/s, below 18 kernels' issue
+    floors (84.6 us), + 9 floors: 126.9 us; the embedding (1 tensor, 128,256 x 4096): 3 x 65,667,072 x
+    2 B = 394.0 MB, 132.66 us + 4.7 us = 137.36 us; norm + output (2 tensors, 4096 + 525,336,576):
+    3 x 65,667,584 x 2 B, 132.66 us, + 9.4 us = 142.06 us. 32 x 126.9 + 137.36 + 142.06 = 4,340.2 us,
+    all on the critical path (the forward is compute-bound on NVLink)."""
     base = step_time(build_plan(_cfg(1))).step_s
-    assert step_time(build_plan(_cfg(1, zero_hpz_partition_size=8))).step_s == base
+    assert step_time(build_plan(_cfg(1, zero_hpz_partition_size=8))).step_s - base == pytest.approx(4340.2e-6, abs=1e-7)
     assert step_time(build_plan(_cfg(1, zero_quantized_gradients=True))).step_s == base
+
+
+def test_hpz_micro_batch_0_forward_timed_apart():
+    """2 nodes x 8, hpZ g = 8, 2 micro-batches. The rank timeline times micro-batch 0's forward
+    with the gathers over all 16 ranks (no secondary tensor yet: partition_parameters.py
+    all_gather_coalesced 1543-1546) and the secondary copies after them, micro-batch 1's forward
+    with the gathers over the node's 8 ranks and no copy (the secondary tensor exists:
+    _partition_param_sec returns at 1878): each its own table row, not their mean. A layer's copy:
+    126.9 us (test_one_node_hpz_of_the_node_and_qgz_leave_the_step). Micro-batch 0's forward is the
+    longer by its copies (4,340.2 us) and its slower gathers where they are exposed."""
+    plan = build_plan(_cfg(zero_hpz_partition_size=8))
+    fwd = {r.group_size: r for r in _rows(plan.config, "forward", "all-gather")}
+    c = CommTimes.from_rows(plan.stage(0).collectives, layers=32)
+    first = c.first_microbatch()
+    assert c.get("shard", "forward", "all-gather", "layer") == fwd[8].time_s
+    assert first.get("shard", "forward", "all-gather", "layer") == fwd[16].time_s > fwd[8].time_s
+    assert first.copies[("layer", "all-gather")] == pytest.approx(126.9e-6, abs=1e-10)
+    assert c.copies.get(("layer", "all-gather"), 0.0) == 0.0
+    st = step_time(plan)
+    mb0, mb1 = st.units.get(0, 0, "F", 0), st.units.get(0, 0, "F", 1)
+    gathers = lambda u: {round(e.end_s - e.start_s, 12) for e in u.events if e.name.startswith("fsdp AG L")}
+    assert gathers(mb0) == {round(fwd[16].time_s, 12)} and gathers(mb1) == {round(fwd[8].time_s, 12)}
+    assert mb0.duration_s - mb1.duration_s >= 4340.2e-6 - 1e-7
 
 
 def test_hpz_secondary_partition_in_memory():
@@ -127,6 +157,21 @@ def test_zeropp_config_errors():
     assert e.value.field == "training.zero_quantized_gradients" and "fsdp 8 of 16 ranks" in e.value.message
 
 
+def test_hpz_error_names_the_deepspeed_json_key(tmp_path):
+    """A DeepSpeed JSON's hpZ g = 5 on 3 nodes x 8 (world 24, which 5 does not divide:
+    groups.py _ensure_divisibility) is refused naming the key the user wrote,
+    zero_optimization.zero_hpz_partition_size, not meshplan's training.zero_hpz_partition_size
+    (which a meshplan TOML's error keeps: test_zeropp_config_errors)."""
+    opts = ImportOptions(cluster="dgx-h100", nodes=3, model="llama3-8b", seq_len=4096)
+    path = tmp_path / "z.json"
+    path.write_text(json.dumps({"train_batch_size": 48, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 5}}))
+    with pytest.raises(ConfigError) as e:
+        build_plan(load_any(path, opts=opts))
+    assert e.value.field == "zero_optimization.zero_hpz_partition_size"
+    assert "5 does not divide the world 24" in e.value.message
+
+
 def test_deepspeed_json_keys_round_trip(tmp_path):
     """import deepspeed reads the three keys at stage 3 (no longer refused nor unused) and export
     writes them back; stage 2 does not read them (DeepSpeed passes them to stage 3 only)."""
@@ -144,11 +189,12 @@ def test_deepspeed_json_keys_round_trip(tmp_path):
 
 def test_search_bounds_hold_the_zeropp_rows(tmp_path):
     """A stage 3 JSON with hpZ 8, qwZ and qgZ searched on 2 x 8 H100 (one data axis: zero1, zero2,
-    zero3): its zero3 rows run ZeRO++, its zero1/zero2 rows drop the keys (DeepSpeed reads them at
+    zero3): its zero3 rows run ZeRO++ (qwZ and qgZ as given; hpZ varied, the config's 8 and 1:
+    search/space.py hpz_applies), its zero1/zero2 rows drop the keys (DeepSpeed reads them at
     stage 3 only). Every row planned exactly lies within the search's bounds: the step bound below
     the step (ZeRO++'s gathers and reductions are not bounded by plain ZeRO-3's), the peak between
-    the memory bounds (hpZ's secondary partition, 2,007,565,312 B, in both), so the search notes
-    neither a bound it broke nor a ranking it cannot vouch for."""
+    the memory bounds (hpZ's secondary partition, 2,007,565,312 B, in both on its hpZ 8 rows), so the
+    search notes neither a bound it broke nor a ranking it cannot vouch for."""
     opts = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
     path = tmp_path / "z.json"
     path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
@@ -156,11 +202,13 @@ def test_search_bounds_hold_the_zeropp_rows(tmp_path):
                                                       "zero_quantized_weights": True, "zero_quantized_gradients": True}}))
     r = search(load_any(path, opts=opts))
     assert not [n for n in r.notes if "outside the memory bounds" in n or "may not be exact" in n]
-    zero3 = [i for i in r.exact if SHARDING[r.candidates.sh[i]] == "zero3"]
-    assert zero3
+    c = r.candidates
+    zero3 = [i for i in r.exact if SHARDING[c.sh[i]] == "zero3"]
+    assert zero3 and {c.hpz(i) for i in range(len(c)) if SHARDING[c.sh[i]] == "zero3"} == {1, 8}
     for i in r.exact:
-        t = candidate_config(r.config, r.candidates, i).training
-        assert t.zero_hpz_partition_size == (8 if i in zero3 else 1) and t.zero_quantized_gradients == (i in zero3)
+        t = candidate_config(r.config, c, i).training
+        assert t.zero_hpz_partition_size == (c.hpz(i) if i in zero3 else 1)
+        assert t.zero_quantized_gradients == (i in zero3)
         e = r.exact[i]
         assert e.step_s is None or e.step_s >= r.est.step_lo[i]
         assert not e.complete or r.est.peak_lo[i] <= e.peak_bytes <= r.est.peak_hi[i]

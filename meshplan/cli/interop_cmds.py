@@ -26,6 +26,7 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.deepspeed import DS_SCOPE
+from meshplan.interop.launch_args import flag_lines
 from meshplan.interop.foreign import UserFile, export, import_text, load_any
 from meshplan.interop.torchtitan_custom import meshplan_snippet, snippet
 from meshplan.interop.torchtitan_write import custom_flavor
@@ -51,8 +52,9 @@ def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
     py = _flavor_file(out, force) if flavor else None  # refused before anything is written
     for line in header[1:]:
         typer.echo(line)
-    if isinstance(out, _Stdout):
-        out.stream.write(text)
+    if isinstance(out, _Stdout):  # Megatron-LM arguments: the flags alone (the header went to stderr above), so
+        # `python pretrain_gpt.py $(meshplan export job.toml --to megatron -o -)` takes them as they are
+        out.stream.write(flag_lines(text) if to == "megatron" else text)
         out.stream.flush()
         return header, []
     _wrote(write_output(out, text, force=force, field='-o'))

@@ -27,6 +27,7 @@ from meshplan.comm.nccl_check import check_log
 from meshplan.comm.nccl_log import read_nccl_log
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
+from meshplan.interop.launch_args import megatron_program_args
 from meshplan.interop.megatron_env import launch_env, script_env
 from meshplan.interop.source_file import carried_source
 from meshplan.placement.assign import rank_row
@@ -203,7 +204,9 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     """Write a multi-node torchrun command (static rendezvous, --node-rank the host's node in the plan), a Slurm sbatch script and per-rank bindings
     (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables;
     for a Megatron-LM plan CUDA_DEVICE_MAX_CONNECTIONS as its validate_args asserts it, and the NCCL_*/NVTE_* exports of the launch script it was imported from). A mesh that does not fit writes nothing and exits 1. A program whose first word is a Python file
-    (train.py) is refused: bind.sh execs it as a command; give -- python train.py."""
+    (train.py) is refused: bind.sh execs it as a command; give -- python train.py. For a Megatron-LM plan the flags
+    export --to megatron writes (with its [source]'s flags meshplan does not plan) are appended to the program, after its
+    own words (argparse keeps the last of a repeated flag), and a note says so."""
 
     if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
         check_program(tuple(program))
@@ -218,7 +221,9 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
         _exit_infeasible(p)
     c = _choice(p, choose)
     c = for_command(c, "launch")  # its warnings name launch --choose
-    opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
+    appended, appended_note = (megatron_program_args(p.config, config)
+                               if program and p.config.training.framework == "megatron" else ((), ""))
+    opts = LaunchOptions(program=tuple(program or ()) + appended, rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
                          partition=partition, time_limit=time_limit,
@@ -228,6 +233,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
         _echo(line)
     if nic_scope == "rank":
         _echo(f"note: {RANK_SCOPE_TRADE}")
+    if appended_note:
+        _echo(appended_note)
     for path in written:
         _wrote(path)
     if local_folder_note(out):  # job.sbatch finds the folder from the submit directory; the nodes must see it

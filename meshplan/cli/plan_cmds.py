@@ -32,7 +32,7 @@ from meshplan.cli.common import (
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load
-from meshplan.fileio import check_destination, write_output
+from meshplan.fileio import check_destination, page_folder, write_output
 from meshplan.interop.keymaps import keymap_of
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import Infeasible, Plan, with_example_rank
@@ -53,7 +53,14 @@ def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, f
                      note: str = "") -> None:
     """The HTML report of ``p`` (with its predicted step when it was planned; ``note``: a header line)."""
     st = step_time(p) if isinstance(p, Plan) else None
-    _wrote(write_output(path, plan_page(p, st, name, note), force, field))
+    _wrote(write_output(path, plan_page(p, st, name, note), force, field, create_folders=page_folder(path)))
+
+
+def _refuse_page(path: Optional[Path], force: bool, field: str) -> None:
+    """:func:`_refuse_existing` for the HTML page, whose missing folder is made where its parent
+    exists (:func:`meshplan.fileio.page_folder`)."""
+    if path:
+        check_destination(path, field, force, create_folders=page_folder(path))
 
 
 def closing_notes(p: Plan) -> list[str]:
@@ -96,7 +103,7 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     where it has them (training.global_batch_size, activation_checkpoint.mode, the degrees' keys; the flags)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
-    _refuse_existing(html_path, force, "--html")
+    _refuse_page(html_path, force, "--html")
     p = checked(_load(config, topology, calibration, foreign.fmt, foreign.options(),
                       kernels=kernels))  # its own setting's capacity row from the timeline
     if p.mesh is not None:
@@ -134,7 +141,7 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
     reasons."""
 
     path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (docs/commands.md "Outputs")
-    _refuse_existing(path, force, "--out")
+    _refuse_page(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
     p = checked(_load(config, topology, calibration, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels))
     cal = _calibration(calibration, p.config.cluster)

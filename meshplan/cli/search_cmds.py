@@ -178,9 +178,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     first names the fastest row the same search finds with every cp, searched for it after the search).
 
     Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
-    (op-level "op" under framework torch, tp = cp = ep = 1; Megatron's "selective" under torchtitan only
+    (op-level "op" under framework torch, tp = cp = 1; Megatron's "selective" under torchtitan only
     where [search] recompute lists it; torchtitan's per-layer "layer", every 2nd layer, its default, with
-    ep > 1 or MLA where op is refused, elsewhere only where [search] recompute lists it: it adds ~40% to a dense
+    ep > 1 or MLA beside op, elsewhere only where [search] recompute lists it: it adds ~40% to a dense
     search's time), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
     (FSDP), training.tp_comm_overlap (tp > 1) and the Llama 3 layer split with lighter first and last stages
     (pp >= 3); [search] narrows each. A pp that does not divide the layers gets, at vpp 1, the balanced

@@ -48,6 +48,7 @@ from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_r
 from meshplan.schedule.stage_traffic import traffic_words
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_hint import tp_hint
+from meshplan.report.plan_warnings import plan_warnings
 from meshplan.schedule.tp_overlap_lines import ideal_tp_overlap_line, tp_overlap_line
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
@@ -64,10 +65,11 @@ def _overlap(overlap_tp: bool, no_prefetch: bool):
 @foreign_options()
 def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
-         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="with training.tp_comm_overlap off: assume TP "
-                                         "communication overlaps compute, ideally (whole GEMMs), and print its exposed "
-                                         "tp, compute and step against blocking TP (the hints stay the config as "
-                                         "written); with it on, ignored "
+         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="with training.tp_comm_overlap off: run each block's TP "
+                                         "collectives beside its whole GEMMs (a what-if, not a bound: it can "
+                                         "expose more tp than training.tp_comm_overlap's decomposed GEMMs) and print "
+                                         "its exposed tp, compute and step against blocking TP (the hints stay the "
+                                         "config as written); with it on, ignored "
                                          "(a note says so): the config's model, the runtimes' decomposed GEMMs, runs"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (bench gemm's CSV; bench attention's "
@@ -181,8 +183,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     for line in st.lines():
         _echo(line)
     _echo(mfu_caveat())  # once, under the MFU line: predicted, with the measured error by setting
+    for line in plan_warnings(p):  # tight, and the measured-error setting it lies in (as plan and its page)
+        _echo(line)
     _echo_balance(p)
-    # the config as written (TP blocking): --overlap-tp's ideal bound is no setting a hint could give
+    # the config as written (TP blocking): --overlap-tp's whole-GEMM overlap is no setting a hint could give
     ideal_differs = ideal_tp and p.mesh.degree("tp") > 1
     written = _step_with(p, _overlap(False, no_prefetch), table, schedule) if ideal_differs else st
     _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled, written)
@@ -201,7 +205,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     verdict = _verdict(p, written, again, bubble_wait(written) if written is not st else bw)
     if verdict and written is not st:
         verdict = [f"note: the verdict and hint lines below are the config as written, TP blocking (step "
-                   f"{written.shown_ms()['step']} ms), not --overlap-tp's ideal bound: a hint's step is what "
+                   f"{written.shown_ms()['step']} ms), not --overlap-tp's whole-GEMM overlap: a hint's step is what "
                    f"step prints for the config with it set"] + verdict
     for line in verdict:  # a hint's settings in a foreign file's own keys
         _echo(_in_file(p, line) if line.startswith("hint:") else line)
@@ -242,7 +246,7 @@ def _verdict(p, st, again, bw) -> list[str]:
 def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, schedule: Optional[str],
                          unscheduled: Optional[str], blocking) -> None:
     """The lines under step's summary: the TP overlap line (the config's model against blocking TP,
-    or with ``--overlap-tp`` the ideal overlap of whole GEMMs against ``blocking``, the step with TP
+    or with ``--overlap-tp`` the whole-GEMM overlap against ``blocking``, the step with TP
     blocking), Megatron's gradient-reduce note, and a note for each of ``--schedule`` and
     ``--overlap-tp`` that changes nothing or is ignored."""
     tp = tp_overlap_line(p, st, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, schedule))
@@ -260,7 +264,7 @@ def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, sche
         _echo("note: --overlap-tp changes nothing: tp 1 has no TP collectives")
     elif overlap_tp and p.config.training.tp_comm_overlap:
         _echo("note: --overlap-tp ignored: training.tp_comm_overlap is on, and the config's model of it (the line "
-              "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")
+              "above) is what the step runs; --overlap-tp (whole-GEMM overlap) applies with it off")
 
 
 def _with_table(kd: dict, use, gpu) -> dict:

@@ -6,11 +6,12 @@ convention (:mod:`.alphabeta`), the collective table per group and phase
 FSDP2's copies (:mod:`.fsdp2`), DeepSpeed ZeRO-3 of 2021 (:mod:`.deepspeed`) and its ZeRO-1/2
 (:mod:`.deepspeed_zero12`), nccl-tests calibration fits (:mod:`.calibration`) and what the
 outputs say about them (:mod:`.calibration_notes`), the calibration file from a user's
-nccl-tests runs (:mod:`.calibrate`) and the NCCL log: its reader (:mod:`.nccl_log`), what it
-holds (:mod:`.nccl_records`) and its check against the placement (:mod:`.nccl_check`).
+nccl-tests runs (:mod:`.calibrate`; each file read as a run: :mod:`.calibrate_file`) and the
+NCCL log: its reader (:mod:`.nccl_log`), what it holds (:mod:`.nccl_records`) and its check
+against the placement (:mod:`.nccl_check`).
 Measured busbw curves per link class come from the catalog (``catalog/nccl.toml``).
 """
 
-__all__ = ["alphabeta", "calibrate", "calibration", "calibration_notes", "collectives", "deepspeed_rows", "dp_rows",
-           "ep_rows", "fsdp_rows", "nccl_check", "nccl_log", "nccl_records", "pp_rows", "row", "stage_context", "tp_grads",
-           "tp_rows"]
+__all__ = ["alphabeta", "calibrate", "calibrate_file", "calibration", "calibration_notes", "collectives",
+           "deepspeed_rows", "dp_rows", "ep_rows", "fsdp_rows", "nccl_check", "nccl_log", "nccl_records", "pp_rows",
+           "row", "stage_context", "tp_grads", "tp_rows"]

@@ -1,4 +1,4 @@
-"""The NICs a ``meshplan calibrate`` run of several ranks per host drove (:mod:`meshplan.comm.calibrate`'s
+"""The NICs a ``meshplan calibrate`` run of several ranks per host drove (:mod:`meshplan.comm.calibrate_file`'s
 module docstring): ``--nics-per-host N`` or the catalog node ``--system NODE`` names
 (:func:`asked_nics`), checked against the log's ranks per host (:func:`nic_split`: N divides
 them, ranks share NICs evenly), the note that says which option gave the count

@@ -40,7 +40,7 @@ and applies them to a gloo cluster (the CPU testbed's) only.
 
 ``nic`` is per NIC: a run with one GPU per node, each rank's traffic crossing one NIC, or a
 run of k GPUs per node whose busbw ``meshplan calibrate --link nic`` split over their k NICs,
-or over the N NICs ``nics_per_node`` records (:mod:`meshplan.comm.calibrate`); a figure above
+or over the N NICs ``nics_per_node`` records (:mod:`meshplan.comm.calibrate_file`); a figure above
 the cluster's catalog NIC line rate is warned
 (:func:`meshplan.comm.calibration_notes.nic_rate_warnings`). Applying a
 calibration writes the bandwidth, the per-step latency ``latency_us / steps(op, ranks)`` (the

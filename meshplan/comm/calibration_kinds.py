@@ -66,7 +66,7 @@ NIC_PATTERNS = {"nic": "all-reduce with several ranks per node", "nic1": "all-re
 def host_share(op: str, n: int, g: int) -> float:
     """A run's bytes per second through one host's NICs over its busbw (nccl-tests' column),
     for ``op`` over ``n`` ranks, ``g`` on each host, each rank on its own NIC (or ``g / N`` ranks
-    on each of N); a ``nic`` fit per NIC is busbw x this / N (:mod:`meshplan.comm.calibrate`):
+    on each of N); a ``nic`` fit per NIC is busbw x this / N (:mod:`meshplan.comm.calibrate_file`):
 
     - ring ops (all-reduce, all-gather, reduce-scatter) and send/recv: 1. A ring leaves a host
       once per channel and the channels spread over its NICs, so the host sends busbw bytes/s

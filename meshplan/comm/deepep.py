@@ -12,7 +12,7 @@ NVL and RDMA size hints of ``Buffer.get_dispatch_config`` / ``get_combine_config
 bytes, 2), Buffer's default 20 SMs), over the ep group (no etp:
 :func:`~meshplan.spec.training_checks.torch_deepep_reason`). So one home times both.
 Its ``models/moe/moe_deepep.py`` runs the shared experts while the combine is in flight (lines 39-77); the timeline
-does not overlap them (the combine is charged as under Megatron-LM). Later torchtitan (9810191 on, Python
+overlaps them likewise (:func:`shared_forward_s`; Megatron-LM's flex dispatcher waits for its combine). Later torchtitan (9810191 on, Python
 configs) moved to ``moe_comm_backend`` and, from 756213e (2026-06-28), DeepEP v2's ElasticBuffer, and added
 "hybridep" (HybridEP's TMA kernels for GB200 NVL72, 156db2e): neither is modelled.
 
@@ -104,6 +104,7 @@ from math import comb, log2
 from typing import Optional
 
 from meshplan import catalog
+from meshplan.compute.ops import Cost
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.spec.training_checks import torch_deepep_reason
 
@@ -325,3 +326,21 @@ def describe(model, ep: int, nodes: int, keep: float = 1.0, etp: int = 1) -> str
             + (f", {keep:.3g} of the copies kept by the capacity" if keep < 1 else "") + f"), {c.nvlink:.2f} NVLink fan-out "
             f"copies" + (f" (each destination ep rank's {etp} etp ranks; the group is ep x etp = {ep * etp})"
                          if etp > 1 else "") + "; timed at DeepEP's published bandwidths (catalog deepep.toml)")
+
+
+def shared_forward_s(c: Cost, phase: str, recompute: Optional[bool] = None) -> float:
+    """Seconds of an MoE layer's shared-expert GEMMs among ``c``'s forward ops of ``phase`` and
+    ``recompute`` (``shared_w_up``, ``shared_w_down``; a replay's ``(recompute)`` copies), which
+    torchtitan's ``DeepEPMoE`` runs while DeepEP's combine is in flight: pytorch/torchtitan e347b1e
+    (v0.2.2, whose job TOML's ``expert_parallel_comm_backend = "deepep"`` meshplan reads)
+    ``models/moe/moe_deepep.py`` lines 39-81 (the routed experts' hook issues the combine, which
+    returns at once; ``self.shared_experts(x)``; then ``sync_combine()``) and
+    ``distributed/deepep/deepep.py`` lines 171-202 (``buffer.combine(..., async_finish=True)``, its
+    event kept for ``sync_combine``, 247-285). The dispatch (lines 85-122) and the backward's two
+    (132-168, 211-235) wait at once (``after_event.current_stream_wait()``): no overlap there. The
+    activation of the shared experts is not split from the routed experts' here (it stays before
+    the combine: the overlap is, if anything, understated). torchtitan b5bcd76's DeepEP dispatcher
+    waits right after the combine (``models/common/token_dispatcher.py``:875-887): no overlap; meshplan's
+    deepep under torch is the job TOML's (:mod:`meshplan.interop.torchtitan_ep`)."""
+    return sum(o.seconds for o in c.ops if o.block == "mlp" and o.kind == "gemm" and o.phase == phase
+               and recompute in (None, o.recompute) and o.name.startswith("shared_") and "." not in o.name)

@@ -19,6 +19,10 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   an all-gather of 12 x 8192 x 4096 values is 402,653,184 B instead of 805,306,368 B. Each cast of
   a tp shard all-reduces its amax over tp first (:func:`_float8_amax_rows`, one fp64 scalar: per
   Llama layer 4 forward, 7 backward, and the forward's again where the layer is recomputed).
+- Megatron-LM with ``--fp8-format`` (:func:`meshplan.compute.asynctp.te_fp8_gathers`): the same all-gathers
+  move fp8, Transformer Engine quantizing before the gather, through NCCL or (``--tp-comm-overlap``) its uint8
+  userbuffers (:data:`TE_FP8_TP_CADENCE`; no amax all-reduce per cast: TE's delayed scaling reduces its
+  amaxes once per step, not modelled).
 - Float8 Linears with rowwise scales under plain TP (torchtitan's TP plan; :func:`_rowwise_scale_rows`):
   each cast along tp-sharded rows all-reduces its amaxes over tp, fp64 vectors (one a token, or one a
   hidden unit): per Llama layer 2 forward and 5 backward of each, the forward's again where recomputed.
@@ -41,7 +45,7 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
   saved tensor, so it repeats every forward TP collective except the last one of the layer;
   torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
-  (``TrainingSpec.layer_recomputed``); its op-level AC (cp = ep = 1; with tp > 1
+  (``TrainingSpec.layer_recomputed``); its op-level AC (cp = 1; with tp > 1
   under SP) replays the forward's tp all-gathers only (it saves the reduce-scatters' outputs).
 - Megatron-LM's selective recompute modules: ``mlp`` replays a dense MLP's forward collectives
   (SP: its input's all-gather and output's reduce-scatter; else its all-reduce), ``moe`` an MoE
@@ -58,13 +62,14 @@ from meshplan.comm.tp_grads import sp_norm_grad_rows, tp_grad_rows
 from meshplan.compute import float8
 from meshplan.compute.batch_input import (BROADCAST_GROUPS, CORE_CADENCES, CORE_KEY_BYTES, GET_BATCH_CADENCES,
                                           core_broadcast_keys, core_key_bytes, megatron_broadcast_bytes)
+from meshplan.compute.asynctp import te_fp8_gathers
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.megatron_core import embedding_reduce_scatter
 from meshplan.compute.ops import Workload, float8_gemms
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_tp_ops
-from meshplan.spec.recompute_modules import layer_parts, replayed_tp_ops
+from meshplan.spec.recompute_modules import layer_parts, mla_up_gathers, replayed_tp_ops
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE, qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
 
@@ -85,6 +90,7 @@ def tp_rows(add, c: StageContext) -> None:
     if _rowwise_tp(c):
         _rowwise_scale_rows(add, c)
     qkv_gather_rows(add, c)
+    mla_up_rows(add, c)
     get_batch_rows(add, c)
     tp_grad_rows(add, c)
     if c.last:
@@ -142,6 +148,9 @@ _MIRROR = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather", "all-
 
 #: Cadence of the tp all-gathers that move float8 (:func:`meshplan.compute.dtensor_sp.float8_tp`).
 FLOAT8_TP_CADENCE = "every layer (SP, float8 tensorwise: torchao casts before the all-gather)"
+#: Cadence of the tp all-gathers that move fp8 through Transformer Engine's userbuffers
+#: (:func:`meshplan.compute.asynctp.te_fp8_gathers`).
+TE_FP8_TP_CADENCE = "every layer (SP, fp8: Transformer Engine quantizes before the all-gather)"
 #: Cadence of the tp all-reduces of float8 amaxes (:func:`_float8_amax_rows`).
 FLOAT8_AMAX_CADENCE = "every float8 cast of a tp shard (torchao tensorwise: the amax, all-reduced max)"
 #: Bytes of one amax all-reduce: torchao's ``amax_to_scale`` upcasts the Partial amax to float64
@@ -207,7 +216,8 @@ def _layer_counts(c: StageContext) -> Counter[tuple]:
     """Calls per micro-batch of the stage's layers' tp collectives by (phase, op, "fp8" for the
     all-gathers that move float8 under :func:`meshplan.compute.dtensor_sp.float8_tp`, else "")."""
     counts: Counter[tuple] = Counter()
-    f8 = "fp8" if float8_tp(c.model, c.training, c.mesh.sequence_parallel) else ""  # float8 all-gathers counted apart
+    sp = c.mesh.sequence_parallel
+    f8 = "fp8" if float8_tp(c.model, c.training, sp) or te_fp8_gathers(c.model, c.training, sp) else ""  # apart
     for i in c.layers:
         fwd, bwd = _tp_layer_ops(c, i)
         counts.update(("forward", o, f8 if o == "all-gather" else "") for o in fwd)
@@ -221,6 +231,8 @@ def _sp_rows(add, c: StageContext, counts: Counter[tuple]) -> None:
     first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
     act = c.act_bytes
     act8 = act // dtype_bytes(dt)  # the same values in float8
+    f8_cadence = TE_FP8_TP_CADENCE if te_fp8_gathers(c.model, c.training, c.mesh.sequence_parallel) \
+        else FLOAT8_TP_CADENCE
     # Megatron-LM 2022 (2755bcb megatron/mpu/layers.py VocabParallelEmbedding.forward:
     # reduce_from_tensor_model_parallel_region, then language_model.py Embedding.forward:
     # scatter_to_sequence_parallel_region, a split) all-reduces the embedding's output and
@@ -231,7 +243,7 @@ def _sp_rows(add, c: StageContext, counts: Counter[tuple]) -> None:
     embed_ar = first if c.training.framework == "megatron" and not core_rs else 0
     add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather", ""] + last, "every layer (SP)",
         "next column-parallel GEMM")
-    add("tp", "forward", "all-gather", act8, "fp8", counts["forward", "all-gather", "fp8"], FLOAT8_TP_CADENCE,
+    add("tp", "forward", "all-gather", act8, "fp8", counts["forward", "all-gather", "fp8"], f8_cadence,
         "next column-parallel GEMM")
     add("tp", "forward", "reduce-scatter", act, dt, counts["forward", "reduce-scatter", ""] + first - embed_ar,
         "every layer (SP)", "residual add")
@@ -242,7 +254,7 @@ def _sp_rows(add, c: StageContext, counts: Counter[tuple]) -> None:
     regather_head = last if c.training.framework == "megatron" else 0
     add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather", ""] + first + regather_head,
         "every layer (SP)", "next weight-gradient GEMM")
-    add("tp", "backward", "all-gather", act8, "fp8", counts["backward", "all-gather", "fp8"], FLOAT8_TP_CADENCE,
+    add("tp", "backward", "all-gather", act8, "fp8", counts["backward", "all-gather", "fp8"], f8_cadence,
         "next weight-gradient GEMM")
     add("tp", "backward", "reduce-scatter", act, dt, counts["backward", "reduce-scatter", ""] + last,
         "every layer (SP)", "previous layer's backward")
@@ -284,6 +296,25 @@ def qkv_gather_rows(add, c: StageContext) -> None:
     add("tp", "forward", "all-gather", size, dt, n, QKV_GATHER_CADENCE, "core attention")
     add("tp", "backward", "reduce-scatter", size, dt, n, QKV_GATHER_CADENCE, "previous block's backward")
     add("tp", "backward", "all-gather", size, dt, replays, QKV_GATHER_CADENCE, "core attention (recomputed)")
+
+
+#: Cadence of each latent's all-gather in Megatron-LM's ``mla_up_proj`` replay (:func:`mla_up_rows`), by its
+#: name in :func:`meshplan.spec.recompute_modules.mla_up_gathers`: also the group of its row and event.
+MLA_UP_CADENCES = {"q latent": "every MLA layer (mla_up_proj recompute: the query latent)",
+                   "q (hidden states)": "every MLA layer (mla_up_proj recompute: linear_q_proj's input)",
+                   "kv latent": "every MLA layer (mla_up_proj recompute: the key/value latent)"}
+
+
+def mla_up_rows(add, c: StageContext) -> None:
+    """Megatron-LM's ``mla_up_proj`` recompute (:func:`meshplan.spec.recompute_modules.mla_up_gathers`):
+    per MLA layer and micro-batch, in backward, one tp all-gather of each latent its replayed
+    up-projections gather again under SP, ``b x s/cp x r`` values in the compute dtype.
+    DeepSeek-V3 at b 1, s 4096, bf16: the query latent's 1536 x 4096 x 2 = 12,582,912 B, the key/value
+    latent's 512 x 4096 x 2 = 4,194,304 B."""
+    t, tokens = c.training, c.training.micro_batch * c.seq_local
+    for which, width in mla_up_gathers(c.model, t, c.mesh.degree("tp"), c.mesh.sequence_parallel):
+        add("tp", "backward", "all-gather", tokens * width * dtype_bytes(t.compute_dtype), t.compute_dtype,
+            len(c.layers), MLA_UP_CADENCES[which], "the replayed up-projection")
 
 
 def get_batch_rows(add, c: StageContext) -> None:

@@ -18,9 +18,14 @@ Read in deepspeedai/DeepSpeed at edaa7221267243c7be7fb49c5d5f5c4fb97b4641 (2026-
   over its g ranks; ``stage3.py:2566-2577`` ``_post_step`` ends with
   ``invalidate_secondary_tensor`` (706-710), so the next step starts over
   (:func:`hpz_gathers`). Memory: the secondary copy, ``aligned numel / g`` x the parameter's bytes,
-  from the first forward to the step's end. Not modelled: the copy into the secondary tensor
-  (``zero_`` and ``copy_`` of numel / g once per parameter per step) and the
-  ``current_stream().synchronize()`` that follows it (1922-1923).
+  from the first forward to the step's end. The copy that fills it, once per parameter per step
+  at its first release (micro-batch 0's forward): ``torch.empty`` of the slice (1887-1888, the
+  secondary tensor itself: no other buffer, as ``param.contiguous().view(-1)`` (1908) is a view
+  of the gathered parameter, contiguous in its flat all-gather buffer), ``zero_`` of it and
+  ``copy_`` of the rank's ``numel / g`` elements from the gathered parameter (1916-1919), on the
+  current (compute) stream, then ``get_accelerator().current_stream().synchronize()`` (1922-1923,
+  ``accelerator/cuda_accelerator.py:52-59``: CUDA's ``resolves_data_dependency()`` is false): the host waits for the compute stream, which
+  then idles while the host issues its next kernel (:func:`hpz_copy_bytes`, :func:`hpz_copy_seconds`).
 - **qwZ** (``zero_quantized_weights``, ``training.zero_quantized_weights``): the coordinator
   passes ``quantize=self.zero_quantized_weights`` to every fetch, forward and backward
   (``partitioned_param_coordinator.py:580``), so every parameter all-gather, hpZ's secondary ones
@@ -105,6 +110,40 @@ def hpz_gathers(units: int, micro: int) -> tuple[int, int]:
     (32, 96)
     """
     return units, units * (micro - 1)
+
+
+def hpz_copy_bytes(numel: int, g: int, param_dtype: str) -> float:
+    """HBM bytes of hpZ's copies into the secondary tensors of ``numel`` gathered elements
+    (module docstring): ``zero_`` writes the rank's ``numel / g`` elements, ``copy_`` reads and
+    writes them, in the ``param_dtype``'s bytes each (3 x numel / g x bytes; the last rank's
+    shorter copy of an unaligned tensor taken whole).
+
+    A Llama 3 8B layer (218,112,000 elements, bf16) at g = 8: 27,264,000 x 2 B x 3 = 163.6 MB:
+
+    >>> hpz_copy_bytes(218_112_000, 8, "bf16")
+    163584000.0
+    """
+    return 3.0 * -(-numel // g) * dtype_bytes(param_dtype)
+
+
+def hpz_copy_seconds(numel: int, tensors: int, g: int, param_dtype: str, data: Optional[KernelData],
+                     hbm_bytes_per_s: float) -> float:
+    """Compute-stream seconds of hpZ's secondary copy of one unit of ``tensors`` parameters and
+    ``numel`` gathered elements, once a step (micro-batch 0's forward): its :func:`hpz_copy_bytes`
+    in ``2 x tensors`` kernels (``zero_``, ``copy_``) at the Triad rate (:func:`kernel_seconds`), and
+    per parameter one issue floor (``data.kernel_issue_s``) for the stream ``synchronize()`` after
+    it: the stream drains and waits for the host to issue the next kernel, as
+    :mod:`meshplan.compute.megatron_cost` times Megatron-LM's ``torch.cuda.synchronize``.
+
+    The layer above in 9 tensors on H100 SXM: 163.6 MB at Triad (2.97 TB/s) is 55.1 us, below the
+    18 kernels' issue floors of 4.7 us (84.6 us), plus 9 floors for the synchronizes: 126.9 us:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(hpz_copy_seconds(218_112_000, 9, 8, "bf16", kernel_data("h100-sxm5-80gb"), 3.35e12) * 1e6, 1)
+    126.9
+    """
+    floor = 0.0 if data is None else data.kernel_issue_s
+    return kernel_seconds(hpz_copy_bytes(numel, g, param_dtype), 2 * tensors, data, hbm_bytes_per_s) + tensors * floor
 
 
 def weight_quant_groups(numel: int) -> int:

@@ -3,17 +3,19 @@ groups, bytes and kernels), in place of one FSDP unit's rows of DeepSpeed's ZeRO
 (:func:`meshplan.comm.fsdp_rows._unit_rows`, ``zero3_engine = "deepspeed"``) when a ZeRO++
 switch is on:
 
-- all-gathers: hpZ's forward passes over the whole group in micro-batch 0 and over the
-  secondary group of g consecutive ranks in the others, its backward passes over the secondary
-  group; under qwZ each gather moves int8 and fp32 scales (two NCCL calls, one row: the scales'
+- all-gathers: hpZ's forward passes over the whole group in micro-batch 0 (the row of
+  :data:`HPZ_FIRST`, with the unit's secondary copy on the compute stream as its ``copy_s``,
+  :func:`~meshplan.comm.zeropp.hpz_copy_seconds`) and over the secondary group of g consecutive
+  ranks in the others, its backward passes over the secondary group; under qwZ each gather moves int8 and fp32 scales (two NCCL calls, one row: the scales'
   call timed into it, its bytes ~0.05% of the data's) with the quantize and dequantize kernels
   on the all-gather stream (``ds_gpu_s``), beside the engine's copy-out;
 - the gradient reduction under qgZ across nodes: per 2-D gradient one row per hop (in the node,
   across nodes; the int4 data's and its scales' all-to-alls timed in one row, the kernels of the
   gradient in the in-node row), the other gradients reduce-scattered one by one over the group.
 
-Every row's cadence carries :data:`~meshplan.comm.zeropp.MARK`: the rank timeline averages a
-unit's gathers over the step's calls and sums its reduction rows
+Every row's cadence carries :data:`~meshplan.comm.zeropp.MARK`: the rank timeline times
+micro-batch 0's forward with the :data:`HPZ_FIRST` rows and every other pass with the others (their
+mean where a phase has several), and sums a unit's reduction rows
 (:meth:`meshplan.schedule.comm_times.CommTimes.from_rows`).
 """
 
@@ -28,6 +30,10 @@ from meshplan.comm.stage_context import StageContext
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.units import dtype_bytes
+
+
+#: The cadence words of hpZ's micro-batch 0 forward gathers (over the whole group).
+HPZ_FIRST = f"{zeropp.MARK} hpZ: first micro-batch"
 
 
 def applies(c: StageContext) -> bool:
@@ -79,7 +85,10 @@ def unit_rows(add, c: StageContext, u: Unit, fwd: tuple, back: tuple, red: tuple
     g = t.zero_hpz_partition_size
     if g > 1:
         full, sec = zeropp.hpz_gathers(fwd[0], c.micro)
-        _gather(add, c, u, "forward", 0, full, False, u.ds_out[0], f"{zeropp.MARK} hpZ: first micro-batch")
+        tensors = len(unit_tensors(c, u.label, u.numel)) or 1
+        fill = zeropp.hpz_copy_seconds(u.numel, tensors, g, t.param_dtype, kernel_data(c.gpu),
+                                       c.gpu.hbm_bandwidth_bytes_per_s)
+        _gather(add, c, u, "forward", 0, full, False, u.ds_out[0], HPZ_FIRST, fill_s=fill)
         _gather(add, c, u, "forward", 0, sec, True, u.ds_out[0], f"{zeropp.MARK} hpZ: later micro-batches")
     else:
         _gather(add, c, u, "forward", fwd[0], fwd[1], False, u.ds_out[0], zeropp.MARK)
@@ -101,9 +110,10 @@ def unit_rows(add, c: StageContext, u: Unit, fwd: tuple, back: tuple, red: tuple
 
 
 def _gather(add, c: StageContext, u: Unit, phase: str, per_mb, per_step, secondary: bool, copy_s: float,
-            what: str, share: float = 1.0, part: str = "") -> None:
+            what: str, share: float = 1.0, part: str = "", fill_s: float = 0.0) -> None:
     """One all-gather row of ``share`` of unit ``u`` in ``phase`` over the whole group or hpZ's
-    ``secondary`` group; under qwZ int8 with its scales' call timed in and its kernels on the stream."""
+    ``secondary`` group; under qwZ int8 with its scales' call timed in and its kernels on the stream;
+    ``fill_s``: compute-stream seconds after each call (hpZ's secondary copy, the row's ``copy_s``)."""
     t, mesh = c.training, c.mesh
     g = t.zero_hpz_partition_size if secondary else mesh.degree("fsdp")
     groups = zeropp.secondary_groups(mesh.world, g) if secondary else None
@@ -113,7 +123,7 @@ def _gather(add, c: StageContext, u: Unit, phase: str, per_mb, per_step, seconda
     extra = copy_s * share + u.cast_s
     if not t.zero_quantized_weights:
         add("fsdp", phase, "all-gather", round(u.gbytes * share), u.gdt, per_mb, f"{u.cadence}{part} ({what}, {where})",
-            f"the {u.label}'s GEMMs", 7, per_step=per_step, ds_gpu_s=extra,
+            f"the {u.label}'s GEMMs", 7, per_step=per_step, ds_gpu_s=extra, copy_s=fill_s,
             ranks=None if groups is None else groups[0].tolist(), groups=groups)
         return
     pd = t.param_dtype
@@ -127,8 +137,8 @@ def _gather(add, c: StageContext, u: Unit, phase: str, per_mb, per_step, seconda
         return alg, s + path_time("all-gather", g, scales, path, cluster)[1], None, float(numel), cadence
 
     add("fsdp", phase, "all-gather", numel, "int8", per_mb, cadence, f"the {u.label}'s GEMMs", 7,
-        per_step=per_step, ds_gpu_s=extra, ranks=None if groups is None else groups[0].tolist(), groups=groups,
-        timer=timer)
+        per_step=per_step, ds_gpu_s=extra, copy_s=fill_s, ranks=None if groups is None else groups[0].tolist(),
+        groups=groups, timer=timer)
 
 
 def unit_tensors(c: StageContext, label: str, numel: int) -> list:

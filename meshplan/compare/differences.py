@@ -56,9 +56,20 @@ class Differences:
     knobs: tuple[tuple[str, Any, Any], ...]
 
 
+def _architecture(c: Config) -> dict:
+    """The model's :meth:`~meshplan.spec.model.ModelSpec.architecture`, without ``max_position``
+    where it sets no weight (RoPE, ALiBi: how far the run's positions reach, not a cost; a learned
+    table's rows are weights): newcomer trial 49's import of ``--max-position-embeddings 32768``
+    (llama3-70b, max_position 32768) was refused beside catalog llama3-70b at the same seq_len
+    (``model.max_position differs``). A side whose seq_len is past its max_position is warned by
+    ``plan`` (:func:`meshplan.plan_runtime.position_warning`)."""
+    arch = c.model.architecture()
+    return arch if c.model.position_embedding == "learned" else {k: v for k, v in arch.items() if k != "max_position"}
+
+
 def config_differences(a: Config, b: Config) -> Differences:
     """:class:`Differences` of two configs (each field's path from its table, ``training.recompute``)."""
-    work = _leaf_differences("model", a.model.architecture(), b.model.architecture())  # not its name
+    work = _leaf_differences("model", _architecture(a), _architecture(b))  # not its name
     work += _leaf_differences("cluster", a.cluster.model_dump(exclude={"name"}), b.cluster.model_dump(exclude={"name"}))
     ta, tb = _training_as_it_acts(a.training), _training_as_it_acts(b.training)
     work += [(f"training.{k}", ta[k], tb[k]) for k in ta if k not in PLAN_KNOBS and ta[k] != tb[k]]

@@ -51,7 +51,7 @@ from meshplan.search.rank import PAIR_RULE, decide
 from meshplan.search.tie_key import knob_words
 from meshplan.plan_fidelity import plan_setting_line
 from meshplan.spec.accuracy import within_error
-from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
+from meshplan.memory.headroom import tight_warning
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.units import GiB
 
@@ -96,12 +96,9 @@ class Comparison:
         one home), the winner's included: compare chooses by the step as the search does within a
         tier, and says what the search would (newcomer trial 27 #C: compare chose a mesh at 3.9% free
         with no word)."""
-        frac = f"{ALLOCATOR_FRAGMENTATION:.0%}"
-        return [f"warning ({s.name}): {s.headroom} at [memory] fragmentation_fraction "
-                f"{s.plan.config.memory.fragmentation_fraction:.0%}; PyTorch's caching allocator was measured to lose "
-                f"about {frac} to fragmentation in LLM training (GMLake, ASPLOS 2024), and search lists such a mesh "
-                f"after those that keep {frac} free" for s in ((self.a,) if self.a.name == self.b.name else (self.a, self.b))
-                if s.headroom]
+        sides = (self.a,) if self.a.name == self.b.name else (self.a, self.b)
+        return [tight_warning(s.name, s.peak_bytes, s.usable_bytes, s.plan.config.memory.fragmentation_fraction)
+                for s in sides if s.headroom and s.peak_bytes is not None and s.usable_bytes is not None]
 
     def setting_lines(self) -> list[str]:
         """One ``warning:`` line per side (one for both where they are the same mesh) that lies in a

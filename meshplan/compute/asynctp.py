@@ -77,8 +77,42 @@ here is the same on both paths: the IPC path's lower speed is not modelled.
 One piece's transfer: a ring all-gather or reduce-scatter of the whole tensor is tp - 1 steps
 of one shard each, so a piece's is the collective model's time / (tp - 1); a pipeline split's
 reduce-scatter is the whole one's time / 4 (its latency term counted once in four: optimistic).
-Not modelled: the barriers (one signal-pad write each), the GEMMs of two pieces running at
-once on the two streams, copy-engine contention with the GEMMs' HBM traffic.
+
+**torch's fused ops, checked against the source** (38410cf9 is not in the stored index; a stored
+mid-2025 ``torch/distributed/_symmetric_memory/__init__.py``, with ``typing.Optional`` and
+``_fused_all_gather_matmul_native`` but no last-gather-dim path, and torch 2.13's hold the same
+``_pipelined_multi_all_gather_and_consume``, ``_pipelined_produce_and_all2all``,
+``_fused_all_gather_matmul_impl`` and ``_fused_matmul_reduce_scatter_impl``):
+
+- Schedule: the all-gather's own GEMMs on the current stream, then step i's pull and GEMMs on
+  the backend stream (i odd) or the current one (i even); a pull waits for its stream's earlier
+  GEMMs and pulls of the two streams do not overlap (the source's "cp from different streams
+  cannot overlap"). The reduce-scatter: per step produce, barrier, pull, barrier on alternating
+  streams, its own rows last. With one GEMM on the GPU at a time both give
+  :func:`fused_seconds` (tests/test_asynctp_schedule.py replays the issue order).
+- Transfers: ``Tensor.copy_`` of contiguous same-dtype tensors of one device is
+  ``cudaMemcpyAsync`` (``aten/src/ATen/native/cuda/Copy.cu`` ``copy_device_to_device``, read at
+  007aa8ae): copy engines over NVLink, no SMs, so no NCCL SM share is charged to them. Their rate
+  stays the ring curve's step: the one copy-engine measurement here, p2pBandwidthLatencyTest's
+  unidirectional P2P writes on HGX H100 SXM, 371-377 GB/s (public-microbenchmarks.md S14,
+  NVIDIA/nccl#1264; torch pulls, reads, not measured), puts a 100.7 MB piece of Llama 3 8B's
+  805 MB gather at 0.267-0.271 ms against the h100-nvlink4-ring step's 0.276 ms (364 GB/s):
+  within 3%, no catalog field for it.
+- Synchronisation per call: all-gather 3 barriers (one signal-pad write to and wait on each
+  peer; 2 before the first pull, 1 after the last GEMM), reduce-scatter 2 + 2 (tp - 1) (those
+  of a step hide behind the other stream's work but the first and last), two cross-stream
+  waits. Not modelled: no barrier latency is measured here; at the fabric's NCCL per-step
+  latency (3.4 us) 3 exposed a call cost 32 layers x 8 calls x 3 x 3.4 us = 2.6 ms of the 8B
+  run's 2.6 s step.
+- Kernels beyond the GEMMs: the shard copy and the partial sum (:func:`torch_extra_bytes`, at the
+  memory-bound kernels' rate although the shard copy is a copy-engine copy), the restride of wo's
+  input (:func:`restride_bytes`). Not modelled: the copy of the own shard into the returned
+  gathered tensor (``ag_out_needed``: the backward's and the replays' gathers), a copy-engine copy
+  beside the last GEMM; the restride of the backward's first gathered gradient where it is the
+  compiled graph's input (not checked).
+- Not modelled: the GEMMs of two pieces running at once on the two streams (the source's answer
+  to the pieces' wave quantization; the catalog's H100 bf16 GEMM table has no M above 4,096,
+  so its pieces of M / tp rows rate about as the whole), copy-engine traffic in HBM beside the GEMMs.
 """
 
 from __future__ import annotations
@@ -95,6 +129,37 @@ AG_BACKWARD = ("wo.dgrad", "w_down.dgrad")
 TE_PIPELINE_SPLITS = 4
 TE_PIPELINE_SMS = 16
 FRAMEWORKS = ("torch", "megatron")
+#: Name prefix of the restride copy before wo's fused reduce-scatter (:func:`restride_bytes`).
+RESTRIDE = "async-TP restride"
+
+
+def te_fp8_gathers(model, training, sp: bool) -> bool:
+    """Whether a dense layer's tp all-gathers move fp8, 1 byte a value, under Megatron-LM with
+    ``--fp8-format`` (``training.linear_dtype = "fp8"``, framework megatron: Transformer Engine's
+    linears, per-tensor scaling) and sequence parallelism ``sp``, with or without
+    ``--tp-comm-overlap``. NVIDIA/TransformerEngine d0067d0: the layer norm's output is quantized
+    before its gather for qkv and fc1 (``pytorch/module/layernorm_linear.py:292-313``), again for
+    their weight gradients (776-792), and the output gradient before proj's and fc2's
+    input-gradient GEMM (``module/base.py`` ``grad_output_preprocess`` 1718-1749); through
+    userbuffers (``--tp-comm-overlap``) ``fill_userbuffers_buffer_for_all_gather`` (base.py:657-677)
+    copies the quantized shard's 1-byte ``_data`` into buffers ``initialize_ub`` allocates in uint8
+    for every all-gather GEMM when the fp8 mode is on (lines 336-345, 391, 472-476; Megatron-LM
+    d98e8a6 ``initialize.py:228-246`` passes ``UserBufferQuantizationMode.FP8`` under ``args.fp8``),
+    through NCCL ``gather_along_first_dim`` gathers a ``Float8Quantizer``'s tensor with
+    ``_all_gather_fp8`` (``pytorch/distributed.py:1735-1745``). The reduce-scatters stay in the
+    compute dtype, and so do the embedding's and the output layer's collectives (Megatron-Core's own
+    linears). Dense, non-MLA models only, as :func:`meshplan.compute.dtensor_sp.float8_tp` (an MoE
+    layer's MLP is not planned so).
+
+    >>> from meshplan import catalog
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", linear_dtype="fp8")
+    >>> m = catalog.model("llama3-8b")
+    >>> te_fp8_gathers(m, t, True), te_fp8_gathers(m, t, False), te_fp8_gathers(m, t.model_copy(update={"linear_dtype": None}), True)
+    (True, False, False)
+    """
+    return (training.framework == "megatron" and training.linear_dtype == "fp8" and sp
+            and not model.is_mla and not model.is_moe)
 
 
 def model_name(framework: str, sequence_parallel: bool) -> str:
@@ -193,6 +258,36 @@ def torch_extra_bytes(tokens: int, hidden: int, tp: int, dtype_bytes: int) -> di
     """
     shard = tokens / tp * hidden * dtype_bytes
     return {"shard copy": 2.0 * shard, "partial sum": shard * (tp + 1)}
+
+
+def restride_bytes(name: str, m: int, k: int, dtype_bytes: int, micro_batch: int, inductor_writes: bool) -> int:
+    """HBM bytes (read + written) of the copy inductor puts before the fused reduce-scatter of
+    row-parallel GEMM ``name`` (its left operand ``m x k``: tokens x in-features / tp) to give
+    that operand the order the fused op wants: ``fuse_matmul_reduce_scatter`` wraps it in
+    ``inductor_prims.force_stride_order`` with ``restride_A_for_fused_matmul_reduce_scatter``'s
+    strides (the scatter dim, the sequence, outermost), so that ``_fused_matmul_reduce_scatter_impl``'s
+    ``A.movedim(scatter_dim, 0)`` is contiguous (torch 2.13 ``_inductor/fx_passes/micro_pipeline_tp.py``
+    ``fuse_matmul_reduce_scatter``, ``distributed/_symmetric_memory/__init__.py``; the same in the
+    stored mid-2025 version of the latter). Where inductor's own kernel writes the operand it
+    writes it in that order (free): w_down's input (SiLU x up), and wo's where an inductor kernel
+    writes it last (``inductor_writes``: a float8 Linear's cast of it; torch's ring attention under
+    CP, whose fp32 merge of the SDPA calls ends in a cast, ``meshplan.compute.ring_attention``).
+    Otherwise wo's input is the attention kernel's output (torchtitan 820504e
+    ``models/llama3/model.py`` ``Attention.forward``: ``output.transpose(1, 2).contiguous().view(bs,
+    seqlen, -1)``), an extern kernel's fixed ``[batch, seq, heads, head_dim]`` layout: with more
+    than one sequence a micro-batch that order is not the sequence-outermost one, so it is
+    copied, ``2 m k`` elements; with one sequence both orders are the same bytes (0).
+
+    Llama 3 8B at tp 8, 12 sequences of 8,192: wo's input 98,304 x 512 bf16, 201 MB moved:
+
+    >>> restride_bytes("wo", 98304, 512, 2, 12, False), restride_bytes("wo", 98304, 512, 2, 1, False)
+    (201326592, 0)
+    >>> restride_bytes("w_down", 98304, 1792, 2, 12, False), restride_bytes("wo", 98304, 512, 1, 12, True)
+    (0, 0)
+    """
+    if name != "wo" or micro_batch < 2 or inductor_writes:
+        return 0
+    return 2 * m * k * dtype_bytes
 
 
 def fused_seconds(gemm_s: float, comm_s: float, n_pieces: int, trail: bool = False) -> float:

@@ -103,7 +103,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
             kept = full_ac_not_replayed(w)
             every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept]
         elif rc == "op":
-            every += op_replays(every, op_sac_replayed(model, moe))
+            every += op_replays(every, op_sac_replayed(model, moe, w.op_sac_policy))
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
     return out
 
@@ -128,17 +128,22 @@ def async_tp_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     """The kernels torch's async TP adds on the compute stream (:func:`meshplan.compute.asynctp.torch_extra_bytes`):
     per block with fused GEMMs, the shard copy before each fused all-gather (forward, and
     backward's gathered output gradient) and the partial sum after each fused reduce-scatter
-    (forward); none under Megatron-LM (TE's norm writes into the userbuffer) or without async TP."""
+    (forward); with several sequences a micro-batch, the restride of wo's input before its fused
+    reduce-scatter (:func:`meshplan.compute.asynctp.restride_bytes`); none under Megatron-LM (TE's
+    norm writes into the userbuffer) or without async TP."""
     if w.async_tp != "torch" or not w.sp or w.tp < 2:
         return []
     size = asynctp.torch_extra_bytes(w.tokens, model.hidden, w.tp, dtype_bytes(w.dtype))
-    names = {g.name for g in gemms}
+    by = {g.name: g for g in gemms}
     out = []
     fused = lambda name, phase: asynctp.pieces("torch", w.tp, name, phase, _cast_after_gather(w, name)) > 0
     for block, ag, rs in (("attn", "wq", "wo"), ("mlp", "w_up", "w_down")):
-        if ag in names and fused(ag, "forward"):
+        if ag in by and fused(ag, "forward"):
             out.append(memory_op(gpu, f"async-TP shard copy ({block})", block, "forward", size["shard copy"]))
-        if rs in names:
+        if rs in by:
+            nb = asynctp.restride_bytes(rs, by[rs].m, by[rs].k, dtype_bytes(w.dtype), w.micro_batch,
+                                        w.gemm_dtype(rs) == "fp8" or (w.torch_ring_attention and w.cp > 1))
+            out += [memory_op(gpu, f"{asynctp.RESTRIDE} ({rs} input)", block, "forward", nb)] if nb else []
             out.append(memory_op(gpu, f"async-TP partial sum ({rs})", block, "forward", size["partial sum"]))
             if fused(rs + ".dgrad", "backward_input"):
                 out.append(memory_op(gpu, f"async-TP shard copy ({rs} grad)", block, "backward_input", size["shard copy"]))

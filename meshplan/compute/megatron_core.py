@@ -28,9 +28,13 @@ home; this module holds the rules that are not the batch's:
    when ``batch_p2p_comm and batch_p2p_sync`` (``p2p_communication.py:421-424``; ``batch_p2p_sync``
    default True, ``model_parallel_config.py:390-398``; ``batch_p2p_comm = not overlap_p2p_comm``,
    ``training/argument_utils.py:307``): one sync per blocking call, none under the p2p overlap.
-   The calls are counted as 2022's (:func:`meshplan.compute.megatron_cost.p2p_calls`): core's
-   ``forward_backward_pipelining_without_interleaving`` and ``..._with_interleaving`` make the same
-   calls, the first stage's receives and the last's sends returning before ``_communicate``.
+   The calls (:func:`meshplan.compute.megatron_cost.p2p_calls` with ``core``): core's
+   ``forward_backward_pipelining_without_interleaving`` makes 2022's, the first stage's receives and the
+   last's sends returning before ``_communicate``; ``..._with_interleaving`` too, except at m == p, where
+   core has no all-warm-up case (``get_pp_rank_microbatches``): the later stages warm up fewer units and
+   skip the receive before the cool-down (p 4, m 4, v 2: stages 2 and 3 make 15 and 13 calls, not 18 and 17).
+
+The mask's GPU copy (or tp broadcast buffer) in the memory timeline: :func:`meshplan.memory.sizes.batch_mask_bytes`.
 
 Not changed by the generation (already modelled as core runs them): the DDP buckets' overlapped
 reduce-scatter and parameter all-gather (``training.overlap_grad_reduce`` / ``overlap_param_gather``,

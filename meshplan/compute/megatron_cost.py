@@ -214,7 +214,7 @@ def megatron_stage_step_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, traini
 P2P_CALL_SYNCS = 3
 
 
-def p2p_calls(schedule: str, p: int, m: int, v: int, s: int) -> int:
+def p2p_calls(schedule: str, p: int, m: int, v: int, s: int, core: bool = False) -> int:
     """Pipeline p2p calls stage ``s`` of ``p`` makes per step in Megatron-LM 2022 (2755bcb ``megatron/schedules.py``,
     ``p2p_communication.py``; ``m`` micro-batches, ``v`` model chunks), each with :data:`P2P_CALL_SYNCS` syncs; 0
     at p 1 (``forward_backward_no_pipelining``) and for a schedule Megatron-LM 2022 does not have.
@@ -234,6 +234,19 @@ def p2p_calls(schedule: str, p: int, m: int, v: int, s: int) -> int:
       receive from its next (``is_pipeline_first_stage`` / ``is_pipeline_last_stage`` return before the
       timers).
 
+    Megatron Core (``core``; NVIDIA/Megatron-LM d98e8a64dd ``megatron/core/pipeline_parallel/schedules.py``,
+    ``p2p_communication.py``) makes the same calls, with one difference: its interleaved warm-up has no
+    ``m == p`` case (``get_pp_rank_microbatches``, 929-987: ``w = min(m v, 2 (p - s - 1) + (v - 1) g)``, ``g``
+    ``microbatch_group_size_per_vp_stage``, default p, ``model_parallel_config.py:567-568``), and the
+    ``recv_backward`` before the cool-down runs where every unit is warm-up (``are_all_microbatches_in_warmup``,
+    1960-1972) on every stage but the last. So: the leading ``recv_forward`` (1543-1547, none on the first
+    stage, ``recv_forward`` returns before ``_communicate``, ``p2p_communication.py:440-444``), one call after
+    each warm-up forward (1640-1658: ``send_forward_backward_recv_forward_backward`` after the last, else
+    ``send_forward_recv_forward``), one per steady pair (1934-1941), one per cool-down backward (2052-2054),
+    each on every stage: ``m v + w + [s > 0] + [w = m v and s < p - 1]``. Its 1F1B (2332-2475) is 2022's
+    call for call. At p 4, m 4, v 2 stages 2 and 3 warm up 6 and 4 units, not 8: 15 and 13 calls, not 18 and
+    17; stages 0 and 1 (w = m v) as 2022.
+
     GPT-3 175B at p 8, m 64, v 3 (D3/D4): stage 0 warms up 30 units, 192 + 30 calls; stage 7 16, 192 + 16 + 1.
     1F1B at p 4, m 8: the first stage 3 + 5 + 3, a middle one (w 2) 4 + 1 + 12 + 4, the last 1 + 8:
 
@@ -241,13 +254,18 @@ def p2p_calls(schedule: str, p: int, m: int, v: int, s: int) -> int:
     ([222, 209], 9)
     >>> [p2p_calls("1f1b", 4, 8, 1, s) for s in (0, 1, 3)], p2p_calls("1f1b", 1, 8, 1, 0), p2p_calls("zb_h1", 4, 8, 1, 0)
     ([11, 21, 9], 0, 0)
+    >>> [p2p_calls("interleaved_1f1b", 4, 4, 2, s, core) for core in (False, True) for s in range(4)]
+    [17, 18, 18, 17, 17, 18, 15, 13]
     """
     if p <= 1:
         return 0
     first, last = s == 0, s == p - 1
     if schedule == "interleaved_1f1b":
-        warm = m * v if m == p else min(m * v, 2 * (p - s - 1) + (v - 1) * p)
-        return m * v + warm + int(not first) + int(m == p and not last)
+        if not core:
+            warm = m * v if m == p else min(m * v, 2 * (p - s - 1) + (v - 1) * p)
+            return m * v + warm + int(not first) + int(m == p and not last)
+        warm = min(m * v, 2 * (p - s - 1) + (v - 1) * p)
+        return m * v + warm + int(not first) + int(warm == m * v and not last)
     if schedule != "1f1b":
         return 0
     warm = min(p - s - 1, m)

@@ -120,7 +120,12 @@ class Workload:
     (``training.dataloader_attention_mask``); ``embed_reduce_scatter``: Megatron-LM reduce-scatters
     the embedding's output over tp instead of all-reducing it
     (:func:`meshplan.compute.megatron_core.embedding_reduce_scatter`, set by
-    :func:`meshplan.schedule.workload.workload_of`, which knows the model)."""
+    :func:`meshplan.schedule.workload.workload_of`, which knows the model); ``op_sac_policy``: the
+    torchtitan commit whose op-level selective AC ``recompute = "op"`` follows
+    (``training.op_sac_policy``, :func:`meshplan.compute.recompute.op_sac_fuses_qkv`);
+    ``shared_beside_combine``: an MoE layer's shared experts run while DeepEP's combine is in flight
+    (torchtitan's ``DeepEPMoE``, framework torch with ``moe_dispatcher = "deepep"``:
+    :func:`meshplan.schedule.layer_timeline.shared_forward_s`)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -159,6 +164,8 @@ class Workload:
     megatron_core: bool = False
     core_attention_mask: bool = False
     embed_reduce_scatter: bool = False
+    op_sac_policy: str = "238fa99"
+    shared_beside_combine: bool = False
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -310,7 +317,8 @@ def framework_kernels(training) -> dict:
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
 'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
 'sp_layout_copies': False, 'torch_ring_attention': False, 'te_ring_attention': True, 'framework': 'megatron', \
-'megatron_core': False, 'core_attention_mask': False}
+'megatron_core': False, 'core_attention_mask': False, 'op_sac_policy': '238fa99', \
+'shared_beside_combine': False}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -329,7 +337,9 @@ def framework_kernels(training) -> dict:
             "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
             "sp_layout_copies": not megatron, "torch_ring_attention": training.cp_ring,
             "te_ring_attention": training.cp_p2p, "framework": training.framework,
-            "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask}
+            "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask,
+            "op_sac_policy": training.op_sac_policy,
+            "shared_beside_combine": training.framework == "torch" and training.moe_dispatcher == "deepep"}
 
 
 @lru_cache(maxsize=64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.compute import float8, ring_attention
+from meshplan.compute import asynctp, float8, ring_attention
 from meshplan.compute.elementwise import activation_elements
 from meshplan.compute.kernel_time import memory_op
 from meshplan.compute.ops import Cost, Op, Workload
@@ -34,11 +34,12 @@ def replay(o: Op) -> Op:
 OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
 OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 #: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
-#: partial sum is part of the fused GEMM + reduce-scatter, whose output the policy saves; the
+#: partial sum and the restride of wo's input belong to the fused GEMM + reduce-scatter, whose
+#: output the policy saves (:func:`meshplan.compute.asynctp.restride_bytes`); the
 #: float8 amaxes, whose ``aten.abs`` and ``aten.max`` outputs torchtitan's ``_save_list`` saves
 #: "for low precision training" (9dec370 ``parallelisms/parallelize_llama.py``); torch CP's ring
 #: merge, inside the SDPA op whose output the policy saves.
-OP_SAC_NOT_REPLAYED = ("async-TP partial sum", float8.AMAX, ring_attention.MERGE)
+OP_SAC_NOT_REPLAYED = ("async-TP partial sum", asynctp.RESTRIDE, float8.AMAX, ring_attention.MERGE)
 
 
 def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
@@ -66,10 +67,11 @@ def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
     return ("SP layout copy (scatter, mlp)", "async-TP partial sum (w_down)") + (() if w.torch_eager else ("w_down",))
 
 
-def op_sac_mms(*, mla: bool, q_lora: bool, gated: bool, mlp: bool) -> tuple[str, ...]:
+def op_sac_mms(*, mla: bool, q_lora: bool, gated: bool, mlp: bool, fused_qkv: bool = False) -> tuple[str, ...]:
     """The ``aten.mm`` calls of one layer's forward in the order torchtitan's op-level SAC policy
     counts them (meshplan's GEMM names): the attention's (MLA: ``wq`` or ``wq_a, wq_b``, then
-    ``wkv_a, wkv_b, wo``; else ``wq, wk, wv, wo``), then the MLP's (``mlp``: a dense MLP or an MoE
+    ``wkv_a, wkv_b, wo``; else ``wq, wk, wv, wo``, or with ``fused_qkv`` ``wqkv, wo``: one mm for
+    Q, K and V, as :func:`op_sac_fuses_qkv` says torchtitan b5bcd76 runs them), then the MLP's (``mlp``: a dense MLP or an MoE
     layer's shared experts; gated ``w_gate`` (w1), ``w_up`` (w3), ``w_down`` (w2), GeLU ``w_up,
     w_down``). Not counted: the MoE router's gate, which the policy force-recomputes by shape
     before counting (``per_op_sac_force_recompute_mm_shapes_by_fqns``, default
@@ -88,8 +90,11 @@ def op_sac_mms(*, mla: bool, q_lora: bool, gated: bool, mlp: bool) -> tuple[str,
     ('wq', 'wkv_a', 'wkv_b', 'wo', 'w_gate', 'w_up', 'w_down')
     >>> op_sac_mms(mla=False, q_lora=False, gated=True, mlp=False)  # Qwen3 MoE: no shared expert
     ('wq', 'wk', 'wv', 'wo')
+    >>> op_sac_mms(mla=False, q_lora=False, gated=True, mlp=True, fused_qkv=True)  # Llama 3 at b5bcd76
+    ('wqkv', 'wo', 'w_gate', 'w_up', 'w_down')
     """
-    attn = ((("wq_a", "wq_b") if q_lora else ("wq",)) + ("wkv_a", "wkv_b", "wo")) if mla else ("wq", "wk", "wv", "wo")
+    gqa = ("wqkv", "wo") if fused_qkv else ("wq", "wk", "wv", "wo")
+    attn = ((("wq_a", "wq_b") if q_lora else ("wq",)) + ("wkv_a", "wkv_b", "wo")) if mla else gqa
     return attn + (((("w_gate",) if gated else ()) + ("w_up", "w_down")) if mlp else ())
 
 
@@ -105,17 +110,55 @@ def op_sac_saved_mms(mms: tuple[str, ...]) -> tuple[str, ...]:
     return mms[0::2]
 
 
-def layer_mms(model: ModelSpec, moe: bool) -> tuple[str, ...]:
-    """:func:`op_sac_mms` of a dense (``moe`` False) or MoE layer of ``model``."""
+#: torchtitan's op-level SAC policies meshplan models (``training.op_sac_policy``): the commit each
+#: follows, and what differs (:func:`op_sac_fuses_qkv`).
+OP_SAC_POLICIES = ("238fa99", "b5bcd76")
+
+
+def op_sac_fuses_qkv(policy: str, mla: bool) -> bool:
+    """Whether the op-level SAC policy ``policy`` (:data:`OP_SAC_POLICIES`) counts Q, K and V as one
+    ``aten.mm`` (``wqkv``): b5bcd76 on a layer without MLA, 238fa99 never.
+
+    pytorch/torchtitan 238fa99 (and e347b1e, v0.2.2: the same ``_apply_op_sac`` and save lists):
+    ``models/llama3/model/model.py`` and ``models/qwen3/model/model.py`` project with separate
+    ``wq``, ``wk``, ``wv`` Linears; the save lists are per model (``models/llama3/infra/parallelize.py``
+    lines 36-51, ``models/qwen3/infra/parallelize.py`` 39-54, ``models/deepseek_v3/infra/parallelize.py``
+    33-48: ``aten.mm``, the SDPA kernels, ``reduce_scatter_tensor``, ``aten.max``, flex attention;
+    deepseek_v3's also ``all_to_all_single``). b5bcd76 (``distributed/activation_checkpoint.py``):
+    one save set for every model (``_get_default_save_ops`` lines 31-94: torch's
+    ``compute_intensive_ops`` (``aten.mm``, ``bmm``, ``addmm``, the flash and efficient SDPA, ``_scaled_mm``:
+    torch 2.13 ``_functorch/partitioners.py`` ``get_default_op_list``) plus the SDPA variants,
+    ``aten.max``, flex attention, ``aten.linear``, ``topk``, ``reduce_scatter_tensor``,
+    ``all_to_all_single``); ``SelectiveAC._wrap_block`` lines 243-274 keeps the rule: every second
+    ``aten.mm`` (or ``aten.linear``) recomputed, the count per checkpointed block, the router's
+    gate shape force-recomputed. What changes the layer's saved tensors: the llama3 and qwen3 flavors
+    build ``fuse_qkv=True`` (``models/llama3/__init__.py`` 77, 131-339; ``models/qwen3/__init__.py``
+    99, 144, 218-578; from 3396a4b, #3714), one ``wqkv`` Linear (``models/common/attention.py``
+    ``FusedQKVLinear`` 722-810, ``GQAttention.forward`` 925), so the attention's mms are ``wqkv, wo``;
+    DeepSeek's MLA is unchanged (``models/deepseek_v3/model.py`` 93-151: ``wq`` or ``wq_a, wq_b``,
+    ``wkv_a, wkv_b, wo``). The rest changes nothing meshplan times: ``bmm`` and ``addmm`` (no
+    torchtitan model of the catalog's calls them in a block: no Linear bias), ``topk`` (the router's,
+    memory-bound), ``aten.linear`` (a leaf only on backends that do not decompose it, not CUDA).
+
+    >>> op_sac_fuses_qkv("b5bcd76", False), op_sac_fuses_qkv("b5bcd76", True), op_sac_fuses_qkv("238fa99", False)
+    (True, False, False)
+    """
+    return policy == "b5bcd76" and not mla
+
+
+def layer_mms(model: ModelSpec, moe: bool, policy: str = "238fa99") -> tuple[str, ...]:
+    """:func:`op_sac_mms` of a dense (``moe`` False) or MoE layer of ``model`` under op-level SAC
+    policy ``policy`` (:func:`op_sac_fuses_qkv`)."""
     return op_sac_mms(mla=model.is_mla, q_lora=model.q_lora_rank is not None, gated=model.gated_mlp,
-                      mlp=not moe or bool(model.shared_experts))
+                      mlp=not moe or bool(model.shared_experts), fused_qkv=op_sac_fuses_qkv(policy, model.is_mla))
 
 
-def op_sac_replayed(model: ModelSpec, moe: bool) -> dict[str, float]:
+def op_sac_replayed(model: ModelSpec, moe: bool, policy: str = "238fa99") -> dict[str, float]:
     """The share of each forward GEMM (meshplan's names, :func:`meshplan.compute.shapes.layer_gemms`)
-    that torchtitan's op-level selective AC replays in backward: 0 for a saved mm, 1 for a
-    recomputed one; an MoE layer's shared experts run as one fused gate-and-up GEMM here
-    (``shared_w_up``, twice the width), half of which replays where one of w1 and w3 is saved.
+    that torchtitan's op-level selective AC (``policy``: :data:`OP_SAC_POLICIES`) replays in
+    backward: 0 for a saved mm, 1 for a recomputed one; an MoE layer's shared experts run as one
+    fused gate-and-up GEMM here (``shared_w_up``, twice the width), half of which replays where one
+    of w1 and w3 is saved; b5bcd76's fused ``wqkv`` stands for meshplan's ``wq``, ``wk``, ``wv``.
     GEMMs not listed (the router, the routed experts) replay whole.
 
     DeepSeek-V2-Lite (MLA without a query latent, 2 shared experts): wq, wkv_b, w1 and w2 saved:
@@ -123,20 +166,27 @@ def op_sac_replayed(model: ModelSpec, moe: bool) -> dict[str, float]:
     >>> from meshplan import catalog
     >>> op_sac_replayed(catalog.model("deepseek-v2-lite"), True)
     {'wq': 0.0, 'wkv_a': 1.0, 'wkv_b': 0.0, 'wo': 1.0, 'shared_w_up': 0.5, 'shared_w_down': 0.0}
+
+    Llama 3 8B: 238fa99 replays wk, wo, w3 (up); b5bcd76's mms wqkv, wo, w1, w3, w2 replay wo and w3:
+
+    >>> [n for n, r in op_sac_replayed(catalog.model("llama3-8b"), False, "b5bcd76").items() if r]
+    ['wo', 'w_up']
     """
-    mms = layer_mms(model, moe)
+    mms = layer_mms(model, moe, policy)
     saved = set(op_sac_saved_mms(mms))
     out = {n: 0.0 if n in saved else 1.0 for n in mms}
+    if "wqkv" in out:
+        out.update(dict.fromkeys(("wq", "wk", "wv"), out.pop("wqkv")))
     if moe and "w_up" in out:
         out["shared_w_up"] = sum(out.pop(n) for n in ("w_gate", "w_up") if n in out) / (2 if model.gated_mlp else 1)
         out["shared_w_down"] = out.pop("w_down")
     return out
 
 
-def op_sac_kept(model: ModelSpec) -> tuple[str, ...]:
+def op_sac_kept(model: ModelSpec, policy: str = "238fa99") -> tuple[str, ...]:
     """Forward GEMMs of a dense layer whose outputs torchtitan's op-level selective AC saves, so
     its recompute skips them (:func:`op_sac_replayed`); the attention kernel is saved too."""
-    return op_sac_saved_mms(layer_mms(model, False))
+    return op_sac_saved_mms(layer_mms(model, False, policy))
 
 
 def layer_workload(w: Workload, checkpointed: bool) -> Workload:

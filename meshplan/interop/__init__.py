@@ -2,7 +2,8 @@
 :mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`, writer in
 :mod:`~meshplan.interop.torchtitan_write`, carried user keys in
 :mod:`~meshplan.interop.torchtitan_carry`), Megatron-LM arguments (:mod:`~meshplan.interop.megatron`, its flags in
-:mod:`~meshplan.interop.megatron_flags`, its checkpoint flags in
+:mod:`~meshplan.interop.megatron_flags`, its recompute flags in :mod:`~meshplan.interop.megatron_recompute`,
+its checkpoint flags in
 :mod:`~meshplan.interop.megatron_ckpt`, Megatron-LM's whole flag list (misspellings refused) in
 :mod:`~meshplan.interop.megatron_known`, pipeline split in
 :mod:`~meshplan.interop.megatron_pipeline`, model flags in
@@ -26,6 +27,6 @@ one-line error naming the option when it is missing.
 """
 
 __all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_carry", "deepspeed_write", "deepspeed_zero", "detect",
-           "foreign", "launch", "megatron", "megatron_carry", "megatron_ckpt", "megatron_flags", "megatron_known", "megatron_model",
-           "megatron_pipeline", "megatron_write", "roundtrip", "search_export", "tomlout", "torchtitan", "torchtitan_carry",
-           "torchtitan_write"]
+           "foreign", "launch", "megatron", "megatron_carry", "megatron_ckpt", "megatron_flags", "megatron_known",
+           "megatron_model", "megatron_pipeline", "megatron_recompute", "megatron_write", "roundtrip", "search_export",
+           "tomlout", "torchtitan", "torchtitan_carry", "torchtitan_write"]

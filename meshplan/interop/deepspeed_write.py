@@ -59,7 +59,7 @@ def write(cfg: Config) -> dict[str, Any]:
         zero |= ({"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {}) | (
             {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {}) | (
             {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})
-        zero |= {k: getattr(t, k) for k in zeropp_keys_set(t)}  # ZeRO++, as read (deepspeed_zero.zeropp_training)
+        zero |= {k: getattr(t, k) for k in zeropp_keys_set(t)}  # ZeRO++, as read (deepspeed_zeropp.zeropp_training)
     if (stage in (1, 2) and t.grad_reduce_dtype is not None) or (stage in (1, 2, 3)
                                                                and t.gradient_reduce_dtype != t.param_dtype):
         comm["communication_data_type"] = t.gradient_reduce_dtype  # DeepSpeed's unset is the model's dtype

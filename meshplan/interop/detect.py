@@ -85,7 +85,36 @@ def detect(path: Path, text: str) -> str:
         return "meshplan"
     if MEGATRON_HINT.search(text):
         return "megatron"
-    raise ConfigError("--format", f"{path}: cannot tell the format; pass --format {' or '.join(FORMATS)}")
+    raise sbatch_refusal(path, text) or ConfigError("--format", f"{path}: cannot tell the format; pass --format "
+                                                    f"{' or '.join(FORMATS)}")
+
+
+#: An ``srun`` command line of a Slurm batch script and the script or program it runs (its last
+#: word ending ``.sh``, else its first word that is no option).
+_SRUN = re.compile(r"^\s*srun\b(?P<rest>.*)$", re.M)
+
+
+def sbatch_refusal(path: Path, text: str) -> ConfigError | None:
+    r"""For a Slurm batch script (``#SBATCH`` lines or an ``srun`` line) without Megatron-LM's
+    flags: the one-line error naming the script its ``srun`` runs, which holds the training
+    flags, to import instead (newcomer trial 49: ``import auto x.sbatch`` only asked for
+    ``--format``); None for other text.
+
+    >>> print(sbatch_refusal(Path("j.sbatch"), "#SBATCH --nodes=2\nsrun --kill-on-bad-exit=1 bash train.sh"))
+    config: j.sbatch: a Slurm batch script without Megatron-LM's flags: import the script its srun runs, meshplan import auto train.sh (its torchrun and pretrain_gpt.py flags)
+    >>> sbatch_refusal(Path("x.txt"), "hello") is None
+    True
+    """
+    srun = _SRUN.search(text)
+    if srun is None and "#SBATCH" not in text:
+        return None
+    words = srun.group("rest").split() if srun else []
+    scripts = [w for w in words if w.endswith((".sh", ".bash"))]
+    runs = scripts[-1] if scripts else next((w for w in words if not w.startswith("-")), "")
+    what = (f"import the script its srun runs, meshplan import auto {runs}" if runs else
+            "import the launch script its srun runs, meshplan import auto SCRIPT")
+    return ConfigError("config", f"{path}: a Slurm batch script without Megatron-LM's flags: {what} (its torchrun "
+                       f"and pretrain_gpt.py flags)")
 
 
 def config_text(path: Path) -> str:

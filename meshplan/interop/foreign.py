@@ -35,10 +35,10 @@ from meshplan.interop import (
     torchtitan_write,
 )
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
-from meshplan.interop.detect import config_text, detect, python_job_refusal
+from meshplan.interop.detect import MEGATRON_HINT, config_text, detect, python_job_refusal, sbatch_refusal
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_env import carried_env
-from meshplan.interop.roundtrip import differences
+from meshplan.interop.roundtrip import StepOf, differences, step_line
 from meshplan.interop.tomlout import cluster_table, dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_custom import sibling_flavors
@@ -72,6 +72,9 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
         if path.suffix == ".json" or text.lstrip().startswith("{"):  # arguments never open with a brace
             raise ConfigError("config", f"{path} is a JSON file (DeepSpeed?), not Megatron-LM arguments: use "
                               f"meshplan import deepspeed {path}, or --format deepspeed")
+        sbatch = None if MEGATRON_HINT.search(text) else sbatch_refusal(path, text)
+        if sbatch is not None:  # a Slurm script whose srun runs the launch script (newcomer trial 49)
+            raise sbatch
         return megatron.read(text, opts, path.parent)
     if fmt == "deepspeed":
         data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True, hjson=True)
@@ -166,12 +169,6 @@ def _import_line(to: str, opts: ImportOptions, cfg: Config) -> str:
             + ("differs from the catalog's" if known else "is not a catalog node") + ": export --to meshplan writes it)")
 
 
-#: A config's predicted step in seconds with its parts (seconds that add up to it, keyed as
-#: ``meshplan step`` prints them: ``compute``, ``bubble``, ``exposed fsdp``, ...:
-#: :meth:`meshplan.schedule.step_summary.StepTime.parts_s`), or None (:func:`export`'s ``step_of``).
-StepOf = Callable[[Config], "tuple[float, Mapping[str, float]] | None"]
-
-
 class UserFile(NamedTuple):
     """The foreign config a plan was read from, parsed (``fmt``: torchtitan, deepspeed or
     megatron, the formats whose export carries the user's other settings: :func:`export`);
@@ -238,7 +235,8 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     schedule, a MoE mesh): that target is refused, and never suggested. ``step_of``: a
     config's predicted step in seconds (None when it does not resolve; the caller's, as this
     layer plans nothing): when fields are not expressed, the header says what they do to the
-    step (``step after the round trip: 119.526 s -> 85.047 s ...``)."""
+    step (``step after the round trip: 119.526 s -> 85.047 s ...``,
+    :func:`meshplan.interop.roundtrip.step_line`)."""
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     try:
@@ -351,45 +349,10 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     head += [f"not expressed in {to}: {d}" + (f" ({deepspeed_recompute_fix(cfg.training)})"
                                                if to == "deepspeed" and d.startswith("training.recompute:") else "")
              for d in lost]
-    head += _step_line(cfg, back, to, step_of) if lost and step_of is not None else []
+    head += step_line(cfg, back, to, step_of) if lost and step_of is not None else []
     if to == "deepspeed":  # JSON has no comments: the caller prints the header
         return body, head
     return "\n".join(f"# {h}" for h in head) + "\n\n" + body, head
-
-
-def _step_line(cfg: Config, back: Config, to: str, step_of: StepOf) -> list[str]:
-    """``step after the round trip: A s -> B s (+x%; part +d s, ...)`` when the re-imported config
-    ``back`` predicts another step than ``cfg`` (both resolved), else nothing; the parts of the
-    step that moved (:func:`moved_parts`) say where the fields listed above act.
-
-    >>> steps = {"a": (60.0, {"compute": 50.0, "bubble": 10.0}),
-    ...          "b": (80.0, {"compute": 49.0, "bubble": 16.0, "exposed fsdp": 15.0})}
-    >>> _step_line("a", "b", "megatron", steps.get)[0][:94]
-    'step after the round trip: 60.000 s -> 80.000 s (+33.3%; exposed fsdp +15.000 s, bubble +6.000'
-    """
-    a, b = step_of(cfg), step_of(back)
-    if a is None or b is None or a[0] == b[0]:
-        return []
-    moved = moved_parts(a[1], b[1], a[0])
-    return [f"step after the round trip: {a[0]:.3f} s -> {b[0]:.3f} s ({b[0] / a[0] - 1:+.1%}"
-            + (f"; {moved}" if moved else "") + f"), from the fields not expressed "
-            f"in {to} above (meshplan compare of the config and the {to} file imported back itemises it)"]
-
-
-def moved_parts(a: Mapping[str, float], b: Mapping[str, float], step_s: float, most: int = 3) -> str:
-    """The ``most`` parts of a step (seconds: :data:`StepOf`) that moved most from ``a`` to
-    ``b``, largest change first, each by at least 1% of the step ``step_s`` (seconds), as
-    ``exposed fsdp +15.036 s, bubble +7.903 s``; a part one side lacks counts as 0 s there.
-
-    >>> moved_parts({"compute": 44.27, "bubble": 6.75, "exposed fsdp": 1.64},
-    ...             {"compute": 42.32, "bubble": 14.65, "exposed fsdp": 16.68}, 60.14)
-    'exposed fsdp +15.040 s, bubble +7.900 s, compute -1.950 s'
-    >>> moved_parts({"compute": 10.0}, {"compute": 10.05}, 10.0)
-    ''
-    """
-    d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in dict.fromkeys([*a, *b])}
-    big = sorted((k for k in d if abs(d[k]) >= 0.01 * step_s), key=lambda k: -abs(d[k]))[:most]
-    return ", ".join(f"{k} {d[k]:+.3f} s" for k in big)
 
 
 def _rewritten(user: UserFile | None, to: str, source: str, written: dict,

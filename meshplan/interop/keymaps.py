@@ -24,11 +24,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.config import Config
+from meshplan.interop.deepspeed_zeropp import ZEROPP_KEYS
 from meshplan.interop.megatron_write import sharding_flags
 from meshplan.interop.torchtitan_tables import SCHEDULE_NAMES
 from meshplan.interop.world_words import KEYS
 from meshplan.keymap import OWN, KeyMap
 
+#: DeepSpeed ZeRO++'s ``[training]`` fields -> their key in a DeepSpeed JSON, which a DeepSpeed config
+#: and Megatron-DeepSpeed's ``--deepspeed_config`` both hold (:mod:`meshplan.interop.deepspeed_zeropp`
+#: reads them under the same names).
+ZEROPP_FIELDS = {f"training.{k}": f"zero_optimization.{k}" for k in ZEROPP_KEYS}
 #: meshplan field -> the format's key (absent: the format has none; the line keeps meshplan's name).
 #: ``training.micro_batch`` of torchtitan depends on pp (:func:`keymap_of`).
 FIELDS: dict[str, dict[str, str]] = {
@@ -41,9 +46,9 @@ FIELDS: dict[str, dict[str, str]] = {
                    "mesh.pp_layer_split": "parallelism.module_fqns_per_model_part", "cluster.nodes": "--nodes"},
     "megatron": {"training.global_batch": "--global-batch-size", "training.micro_batch": "--micro-batch-size",
                  "training.seq_len": "--seq-length", "training.recompute": "--recompute-granularity",
-                 "mesh.sequence_parallel": "--sequence-parallel", "cluster.nodes": "--nodes"},
+                 "mesh.sequence_parallel": "--sequence-parallel", "cluster.nodes": "--nodes", **ZEROPP_FIELDS},
     "deepspeed": {"training.global_batch": "train_batch_size", "training.micro_batch": "train_micro_batch_size_per_gpu",
-                  "training.overlap_comm": "zero_optimization.overlap_comm",
+                  "training.overlap_comm": "zero_optimization.overlap_comm", **ZEROPP_FIELDS,
                   "training.seq_len": "--seq-len", "cluster.nodes": "--nodes"},
 }
 #: The largest ac_freq a torchtitan fix line names in the file's keys (more than any catalog

@@ -66,6 +66,10 @@ Megatron-LM                              meshplan
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
+--use-precision-aware-optimizer,         training.grad_dtype / grad_reduce_dtype, optimizer_dtype, master_dtype
+  --main-grads-dtype, --exp-avg(-sq)-dtype, (:mod:`~meshplan.interop.megatron_precision`, which also reads
+  --main-params-dtype                      --transformer-impl local, PYTORCH_CUDA_ALLOC_CONF and notes the
+                                           flags that change memory or communication unplanned)
 --attention-backend (default auto),      training.flash_attention: flash, fused, auto true; unfused, local false
   --use-flash-attn                         (:mod:`~meshplan.interop.megatron_attention`); exported as the user's
                                            --attention-backend where it agrees, else --use-flash-attn / unfused
@@ -142,12 +146,15 @@ from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, bf16_o
     ds_config, ds_path, ds_tables, pipe_layer_split
 from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
 from meshplan.interop.megatron_flags import PARALLEL
+from meshplan.interop import megatron_precision as precision
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers,
                                      seq_len_of)
 from meshplan.interop.launch import parse_launch
+from meshplan.interop.shell_words import default_of
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num, unstated
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
+from meshplan.interop.megatron_recompute import recompute as read_recompute
 from meshplan.interop.megatron_write import exported_model, write, write_notes
 from meshplan.interop.world_words import megatron_world_error
 from meshplan.spec.mesh_words import data_axis
@@ -164,7 +171,7 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
-            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS}
+            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS, *precision.SWITCHES}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -178,7 +185,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     flags.NO_MASK, "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
-    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS}
+    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels", "--save"}
@@ -250,7 +257,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                        notes)
     micro = ds_keys[2] or micro
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
-                "sharding": sharding, **flags.recompute(args, layers // deg["pp"], notes),
+                "sharding": sharding, **read_recompute(args, layers // deg["pp"], notes, mesh.get("virtual_stages", 1)),
                 "param_dtype": dtype, "compute_dtype": dtype, **({"linear_dtype": "fp8"} if fp8 else {}),
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
@@ -272,14 +279,16 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
     training |= flags.runtime(args, bool(deepspeed))
     training |= read_attention(args, dtype != "fp32", notes, bool(deepspeed))
+    training = _precision(args, training, dtype, notes, bool(deepspeed))
     fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
         args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
     notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))
     used = USED | ({"--deepspeed_config", "--deepspeed-config"} if ds_file is not None else set())
-    honoured = (flags.FSDP_ENV,) + ((NVLS_ENV,) if cluster.get("fabric") or not _nvls(cluster) else ())
+    honoured = (flags.FSDP_ENV,) + ((NVLS_ENV,) if cluster.get("fabric") or not _nvls(cluster) else ()) \
+        + ((precision.ALLOC_ENV,) if precision.alloc_conf(exported) else ())
     unused = tuple(k for k in args if k not in used) + tuple(f"export {k}" for k in exported if k not in honoured)
     memory: dict[str, Any] = {"dropout": True} if flags.dropout(args, notes) else {}
-    memory |= flags.bucket(args, training, notes) | ds_keys[1]
+    memory |= flags.bucket(args, training, notes) | ds_keys[1] | precision.alloc_conf(exported)
     if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
         memory["fused_glu"] = False  # unset: fused, Megatron-LM's default (MemoryOptions.fused_glu)
     tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
@@ -291,6 +300,17 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
         notes.append(f"--save-interval {printable(save)[:40]!r} is not a whole number >= 1 (a shell variable?): the "
                      f"job's checkpoint interval is not set beside the optimal one")
     return Imported("megatron", tables, unused, tuple(notes))
+
+
+def _precision(args: dict, training: dict, dtype: str, notes: list[str], deepspeed: bool) -> dict:
+    """``training`` with the precision-aware optimizer's dtypes and ``--transformer-impl local``
+    (:mod:`~meshplan.interop.megatron_precision`; not under DeepSpeed's engine, whose config
+    says its dtypes), and the note on the flags that change memory or communication unplanned."""
+    if not deepspeed:
+        training = training | precision.precision_keys(args, dtype, notes)
+    training = {k: v for k, v in (training | precision.local_keys(args, notes)).items() if v is not None}
+    notes += precision.not_modelled_note(args)
+    return training
 
 
 def _ds_keys(path: Optional[Path], sharding: str, dtype: str, micro: Optional[int],
@@ -339,15 +359,21 @@ def _gpu_name(cluster: dict) -> str:
 
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
     """torchrun's ``--nnodes`` of a launch script (None when absent or ``--nodes`` is
-    given: then a note when they differ); an elastic range or an unresolved variable asks
-    for ``--nodes``."""
+    given: then a note when they differ); ``${VAR:-N}`` (or ``${VAR-N}``) is read as ``N``, what
+    bash gives where ``VAR`` is unset (Bash Reference Manual 3.5.3; a note says so: newcomer trial 49,
+    ``--nnodes ${SLURM_NNODES:-128}``); an elastic range or another unresolved variable asks for
+    ``--nodes``."""
     v = args.get("--nnodes")
     if v is None:
         return None
+    word, v = str(v), default_of(str(v))
     if opts.nodes is not None:
-        if str(v) != str(opts.nodes):
-            notes.append(f"--nodes {opts.nodes} used; the launch script's --nnodes {v} is not")
+        if v != str(opts.nodes):
+            notes.append(f"--nodes {opts.nodes} used; the launch script's --nnodes {word} is not")
         return None
-    if not (str(v).isascii() and str(v).isdigit() and len(str(v)) <= 9) or int(v) < 1:
-        raise ConfigError("--nodes", f"the launch script's --nnodes is {v!r}, not a node count; give --nodes N")
+    if not (v.isascii() and v.isdigit() and len(v) <= 9) or int(v) < 1:
+        raise ConfigError("--nodes", f"the launch script's --nnodes is {word!r}, not a node count; give --nodes N")
+    if v != word:
+        notes.append(f"the launch script's --nnodes {word} read as its default, {v} nodes (bash's value where the "
+                     f"variable is unset); give --nodes N to plan another count")
     return int(v)

@@ -16,6 +16,7 @@ from meshplan.interop.common import rewritten
 from meshplan.interop.megatron import USED
 from meshplan.interop.megatron_attention import FLAG as ATTENTION, written_attention
 from meshplan.interop.megatron_flags import FSDP_CKPT
+from meshplan.interop.megatron_precision import FLAGS as PRECISION_FLAGS
 
 #: Megatron-LM switches that only set another flag -> that flag and its value
 #: (megatron/training/arguments.py ``validate_args``: ``if args.recompute_activations:
@@ -29,7 +30,10 @@ ALIASES = {"--recompute-activations": ("--recompute-granularity", "selective")}
 #: `torch_dist`"), so the run's format must stay the user's, not whatever default Megatron-LM has.
 #: Its value fsdp_dtensor is not carried where the export writes no Megatron FSDP (arguments.py:1675-1676
 #: asserts Megatron FSDP for it): dropped, and listed as dropped.
-KEPT_UNLESS_WRITTEN = ("--ckpt-format",)
+#: The flags of :mod:`~meshplan.interop.megatron_precision` (precision-aware optimizer dtypes,
+#: ``--transformer-impl``, those it notes as not modelled) are read into the plan or its notes but
+#: not written by the export: carried as given, so the exported run keeps them.
+KEPT_UNLESS_WRITTEN = ("--ckpt-format", *sorted(PRECISION_FLAGS))
 
 
 def not_planned(user: dict) -> list[str]:

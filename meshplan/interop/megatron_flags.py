@@ -12,10 +12,8 @@ import math
 
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
-from meshplan.interop.megatron_deepspeed import recompute_granularity
 from meshplan.interop.megatron_dispatch import dispatcher, is_deepep
 from meshplan.interop.megatron_model import int_flag as _int
-from meshplan.spec import recompute_modules as rm
 
 #: Megatron-LM's parallel-size flags -> meshplan's axes (arguments.py at d98e8a6); dp has none: Megatron-LM
 #: infers it as world / (tp x cp x pp).
@@ -341,57 +339,6 @@ def megatron_fsdp(args: dict, sharding_: str) -> dict[str, bool]:
     """
     on = any(args.get(f) for f in FSDP_FLAGS) and sharding_ in ("none", "zero1")
     return {"megatron_fsdp": True} if on else {}
-
-
-def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> dict:
-    """``training.recompute`` (none, selective or full) of ``--recompute-granularity`` (or
-    ``--recompute-activations``, ``--checkpoint-activations``), and under selective
-    ``training.recompute_modules`` of ``--recompute-modules`` where it is not Megatron-LM's default
-    (:func:`modules`).
-
-    >>> recompute({"--recompute-granularity": "selective", "--recompute-modules": "core_attn mlp"}, 4, [])
-    {'recompute': 'selective', 'recompute_modules': ['core_attn', 'mlp']}
-    >>> recompute({"--recompute-activations": True}, 4, [])
-    {'recompute': 'selective'}
-    """
-    gran = recompute_granularity(args)  # --checkpoint-activations too (megatron_deepspeed)
-    if gran is None:
-        return {"recompute": "none"}
-    if args.get("--checkpoint-activations") and not args.get("--deepspeed") and "--recompute-granularity" not in args:
-        notes.append("--checkpoint-activations: planned as full recompute of every layer, its meaning before 2022 "
-                     "and in Megatron-DeepSpeed; Megatron-LM d98e8a6 refuses it (validate_args: \"no longer valid\"): "
-                     "export writes --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
-    if gran not in ("full", "selective"):
-        raise ConfigError("--recompute-granularity", f"{gran!r}; use full or selective")
-    if gran == "selective":
-        mods = modules(args)
-        return {"recompute": gran} | ({"recompute_modules": list(mods)} if mods != rm.DEFAULT else {})
-    n = _int(args, "--recompute-num-layers")
-    method = args.get("--recompute-method")
-    if method == "block" and n is not None and n < layers_per_stage:
-        notes.append(f"--recompute-method block --recompute-num-layers {n} recomputes {n} of {layers_per_stage} "
-                     f"layers per stage; planned as full recompute of every layer")
-    return {"recompute": gran}
-
-
-def modules(args: dict) -> tuple[str, ...]:
-    """``--recompute-modules`` (one or more names; unset: Megatron-LM's default, core_attn alone,
-    :data:`meshplan.spec.recompute_modules.DEFAULT`), each a module meshplan models
-    (:func:`meshplan.spec.recompute_modules.check_names`): a one-line ConfigError naming the flag
-    otherwise. Whether Megatron-LM accepts them for the model is the config's check
-    (:func:`meshplan.spec.recompute_modules.config_notes`).
-
-    >>> modules({"--recompute-modules": "mlp moe_act"}), modules({})
-    (('mlp', 'moe_act'), ('core_attn',))
-    """
-    given = args.get("--recompute-modules")
-    if given is None:
-        return rm.DEFAULT
-    names = tuple(str(given).split()) if given is not True else ()
-    why = rm.check_names(names)
-    if why is not None:
-        raise ConfigError("--recompute-modules", f"{' '.join(names) or '(none)'}: {why}")
-    return names
 
 
 #: Megatron Core's flag that keeps the attention mask out of the batch (``training.dataloader_attention_mask``).

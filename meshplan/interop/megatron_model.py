@@ -222,14 +222,18 @@ def _as_catalog(model: dict, notes: list[str]) -> dict:
     (:meth:`~meshplan.spec.model.ModelSpec.architecture`: ``--kv-channels`` equal to hidden /
     heads is a catalog model's unset head_dim), or all but the :data:`CARRIED` fields and the
     RoPE scaling they leave unset: then a note names the Megatron-LM default that differs from
-    the catalog's value (the plan is the same: none changes a cost)."""
+    the catalog's value (the plan is the same: none changes a cost). ``--max-position-embeddings``
+    is how far the run's positions reach, a training setting (:func:`model_table`, as with
+    ``--model``): a catalog model it alone differs from is matched, ``{"catalog": name,
+    "max_position": N}`` (newcomer trial 49: ``--max-position-embeddings 32768`` made an inline
+    model, which ``compare`` then refused beside the catalog's)."""
     try:
         spec = ModelSpec(**model)
     except ValidationError:
         return model  # config_from_dict reports it with the field's name
     unset = {field for field, _ in CARRIED.values() if getattr(spec, field) is None}
     unset |= {"rope_scaling"} if spec.rope_scaling is None else set()
-    arch = lambda m: {k: v for k, v in m.architecture().items() if k not in unset}
+    arch = lambda m: {k: v for k, v in m.architecture().items() if k not in unset | {"max_position"}}
     mine = arch(spec)
     for name in catalog.names("model"):
         ref = catalog.model(name)
@@ -245,15 +249,18 @@ def _as_catalog(model: dict, notes: list[str]) -> dict:
         if "rope_scaling" in unset and ref.rope_scaling is not None:
             differ.append((f"--use-rope-scaling (Megatron-LM's default: off; {name}: Llama 3.1's RoPE scaling, "
                            f"factor {ref.rope_scaling.factor:g})", " ".join(_scaling_flags(ref))))
+        rows = {} if spec.max_position in (0, ref.max_position) else {"max_position": spec.max_position}
+        reach = (f", with max_position {spec.max_position} (--max-position-embeddings; the catalog's "
+                 f"{ref.max_position})" if rows else "")
         if not differ:
-            notes.append(f"the model flags give catalog model {name} exactly")
+            notes.append(f"the model flags give catalog model {name} exactly{reach}")
         else:
             said = ", ".join(d for d, _ in differ)
             same = ("the same costs but a deepep dispatch's bytes" if spec.n_group is None and ref.n_group is not None
                     else "the same costs")
-            notes.append(f"the model flags give catalog model {name} but not {said}: planned as {name} ({same}); "
-                         f"add {' '.join(a for _, a in differ)} to train it")
-        return {"catalog": name}
+            notes.append(f"the model flags give catalog model {name}{reach} but not {said}: planned as {name} "
+                         f"({same}); add {' '.join(a for _, a in differ)} to train it")
+        return {"catalog": name} | rows
     return model
 
 

@@ -4,14 +4,16 @@ from the config written, as ``table.key: A -> B`` lines (:func:`differences`). T
 compared by its resolved fields
 (:meth:`~meshplan.spec.model.ModelSpec.architecture`), the mesh by what a plan depends on
 (:func:`mesh_key`), the MoE routing and the [memory] table as they resolve, so that a value
-left unset and the same value given are no difference.
+left unset and the same value given are no difference. Where a caller gives each config's
+predicted step (:data:`StepOf`), the step after the round trip and the parts that moved
+(:func:`step_line`).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from meshplan.config import Config
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
@@ -129,3 +131,45 @@ def mesh_key(cfg: Config) -> dict[str, Any]:
     if m.degree("pp") > 1:
         key |= {"pp_schedule": str(spec.pp_schedule), "layers_per_virtual_stage": virtual_split(cfg, m)}
     return key
+
+
+#: A config's predicted step in seconds with its parts (seconds that add up to it, keyed as
+#: ``meshplan step`` prints them: ``compute``, ``bubble``, ``exposed fsdp``, ...:
+#: :meth:`meshplan.schedule.step_summary.StepTime.parts_s`), or None
+#: (:func:`meshplan.interop.foreign.export`'s ``step_of``).
+StepOf = Callable[[Config], "tuple[float, Mapping[str, float]] | None"]
+
+
+def step_line(cfg: Config, back: Config, to: str, step_of: StepOf) -> list[str]:
+    """``step after the round trip: A s -> B s (+x%; part +d s, ...)`` when the re-imported config
+    ``back`` predicts another step than ``cfg`` (both resolved), else nothing; the parts of the
+    step that moved (:func:`moved_parts`) say where the fields listed above act.
+
+    >>> steps = {"a": (60.0, {"compute": 50.0, "bubble": 10.0}),
+    ...          "b": (80.0, {"compute": 49.0, "bubble": 16.0, "exposed fsdp": 15.0})}
+    >>> step_line("a", "b", "megatron", steps.get)[0][:94]
+    'step after the round trip: 60.000 s -> 80.000 s (+33.3%; exposed fsdp +15.000 s, bubble +6.000'
+    """
+    a, b = step_of(cfg), step_of(back)
+    if a is None or b is None or a[0] == b[0]:
+        return []
+    moved = moved_parts(a[1], b[1], a[0])
+    return [f"step after the round trip: {a[0]:.3f} s -> {b[0]:.3f} s ({b[0] / a[0] - 1:+.1%}"
+            + (f"; {moved}" if moved else "") + f"), from the fields not expressed "
+            f"in {to} above (meshplan compare of the config and the {to} file imported back itemises it)"]
+
+
+def moved_parts(a: Mapping[str, float], b: Mapping[str, float], step_s: float, most: int = 3) -> str:
+    """The ``most`` parts of a step (seconds: :data:`StepOf`) that moved most from ``a`` to
+    ``b``, largest change first, each by at least 1% of the step ``step_s`` (seconds), as
+    ``exposed fsdp +15.036 s, bubble +7.903 s``; a part one side lacks counts as 0 s there.
+
+    >>> moved_parts({"compute": 44.27, "bubble": 6.75, "exposed fsdp": 1.64},
+    ...             {"compute": 42.32, "bubble": 14.65, "exposed fsdp": 16.68}, 60.14)
+    'exposed fsdp +15.040 s, bubble +7.900 s, compute -1.950 s'
+    >>> moved_parts({"compute": 10.0}, {"compute": 10.05}, 10.0)
+    ''
+    """
+    d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in dict.fromkeys([*a, *b])}
+    big = sorted((k for k in d if abs(d[k]) >= 0.01 * step_s), key=lambda k: -abs(d[k]))[:most]
+    return ", ".join(f"{k} {d[k]:+.3f} s" for k in big)

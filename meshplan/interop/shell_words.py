@@ -147,6 +147,22 @@ def _lookup(m: re.Match, env: dict[str, Value], fields: bool) -> list[str] | Non
     return [v]
 
 
+#: A word that is one parameter expansion with a default: ``${NAME:-word}`` or ``${NAME-word}``.
+_DEFAULTED = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*:?-(?P<d>[^${}`]*)\}$")
+
+
+def default_of(word: str) -> str:
+    """The default of a word that is one ``${NAME:-d}`` (or ``${NAME-d}``) expansion, quotes
+    removed: what bash gives where ``NAME`` is unset (Bash Reference Manual 3.5.3); ``word``
+    itself otherwise.
+
+    >>> default_of("${SLURM_NNODES:-128}"), default_of("${N-4}"), default_of("$N"), default_of("16")
+    ('128', '4', '$N', '16')
+    """
+    m = _DEFAULTED.match(word)
+    return unquote(m.group("d")) if m else word
+
+
 def _blank_split(s: str) -> list[str]:
     """``s`` split at blanks (bash's word splitting of an expansion), ``$(...)``, ``${...}`` and
     backquotes kept whole."""

@@ -40,7 +40,7 @@ training.dtype float32 / bfloat16              param_dtype fp32 / bf16 (bf16: no
 training.mixed_precision_param / _reduce       compute_dtype / reduce_dtype
 parallelism.*_degree                           mesh [pp, dp_replicate, dp_shard, cp, tp] + ep, etp
   (expert_tensor_parallel_degree: v0.2.2's,      (with ep > 1: etp 1, or tp with a note, infeasible
-  removed by torchtitan in c4b409a)              under b5bcd76's rule; else an error: :func:`_etp_key`)
+  removed by torchtitan in c4b409a)              under b5bcd76's rule; else an error: :func:`read_etp`)
 parallelism.fsdp_reshard_after_forward         reshard_after_forward ("default": left unset, resolved
                                                  per mesh as not pp: TrainingSpec.reshard_default),
                                                  reshard_head_after_forward (always only):
@@ -119,7 +119,7 @@ from meshplan.interop.common import (
     table_model,
 )
 from meshplan.interop.torchtitan_checkpoint import read_checkpoint
-from meshplan.interop.torchtitan_ep import read_backend
+from meshplan.interop.torchtitan_ep import read_backend, read_etp
 from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
@@ -136,7 +136,6 @@ from meshplan.interop.torchtitan_tables import (
     read_recompute,
 )
 from meshplan.spec.mesh import multi_stage_refusal
-from meshplan.spec.axes.ep import TORCH_ETP, TORCH_ETP_EP1
 from meshplan.spec.axes.tp import tp_misfit
 
 #: [parallelism] degree key -> mesh axis (torchtitan ParallelDims order, outermost first).
@@ -309,7 +308,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     cluster, world = cluster_table(opts, "torchtitan")
     par = d.get("parallelism", {})
     deg = _degrees(par)
-    _etp_key(par, deg, notes)
+    read_etp(par, deg, notes)
     dense = deg["pp"] * deg["dp_replicate"] * deg["cp"] * deg["tp"]
     shard = deg["dp_shard"] if deg["dp_shard"] > 0 else world // dense if world % dense == 0 else -1
     if shard < 1:  # the real constraint first: a tp that splits neither the model nor the node (issue 11)
@@ -349,41 +348,6 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     said = par.get("fsdp_reshard_after_forward")  # "default" left unset (_training): the note quotes it where written
     return Imported("torchtitan", tables, unused, tuple(notes), keys,
                     (("parallelism.fsdp_reshard_after_forward", said),) if said == "default" else ())
-
-
-def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
-    """``parallelism.expert_tensor_parallel_degree`` (e347b1e's ``job_config.py``:464, v0.2.2; c4b409a
-    removed it: :data:`~meshplan.spec.axes.ep.TORCH_ETP`). With ep > 1, v0.2.2 runs etp 1 or tp
-    (``parallel_dims.py``:58-59 at e347b1e), another etp a ConfigError; etp = tp is read, with a note:
-    meshplan plans torch as b5bcd76, so the plan is infeasible (rule ``torch_etp``). At ep 1 it is read
-    as tp (the experts over tp there), with a note; else as it is, with a note naming c4b409a.
-
-    >>> _etp_key({"expert_tensor_parallel_degree": 2}, {"ep": 4, "etp": 2, "tp": 4}, [])
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: parallelism.expert_tensor_parallel_degree: 2 with expert_parallel_degree 4 and tensor_parallel_degree 4: torchtitan v0.2.2 runs 1 or the tp degree there ("Currently we only support ETP=TP or ETP=1", parallel_dims.py:58-59 at e347b1e); fix: expert_tensor_parallel_degree = 1 or 4
-    """
-    if "expert_tensor_parallel_degree" not in par:
-        return
-    ep, etp, tp = deg["ep"], deg["etp"], deg["tp"]
-    if ep > 1 and etp not in (1, tp):
-        raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with expert_parallel_degree {ep} and "
-                          f"tensor_parallel_degree {tp}: torchtitan v0.2.2 runs 1 or the tp degree there (\"Currently "
-                          f"we only support ETP=TP or ETP=1\", parallel_dims.py:58-59 at e347b1e); fix: "
-                          f"expert_tensor_parallel_degree = {'1' if tp == 1 else f'1 or {tp}'}")
-    if ep == 1 and etp != tp:  # ep 1: the experts over tp whatever the key (torch_etp)
-        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} at expert_parallel_degree 1: read as etp "
-                     f"{tp}, the tp degree: {TORCH_ETP_EP1}")
-        deg["etp"] = etp = tp
-    if ep > 1 and etp > 1:
-        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} with expert_parallel_degree {ep}: torchtitan "
-                     f"v0.2.2 runs it (ETP = TP, parallel_dims.py:58-59 at e347b1e), but meshplan plans torchtitan as "
-                     f"b5bcd76, where {TORCH_ETP}: the plan is infeasible (rule torch_etp); "
-                     "expert_tensor_parallel_degree = 1 plans what both run")
-        return
-    notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan up to v0.2.2 "
-                 "reads the key (meshplan export keeps it); c4b409a (#3167, 2026-04-30) removed it with expert "
-                 "tensor parallelism, so delete it for a torchtitan after that commit")
 
 
 def _moved(keys) -> None:

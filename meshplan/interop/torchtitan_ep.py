@@ -1,7 +1,8 @@
-"""torchtitan's ``parallelism.expert_parallel_comm_backend`` <-> ``training.moe_dispatcher``.
+"""torchtitan's expert-parallel keys: ``parallelism.expert_tensor_parallel_degree`` read
+(:func:`read_etp`), and ``parallelism.expert_parallel_comm_backend`` <-> ``training.moe_dispatcher``.
 
-The key is in torchtitan's job TOML from 36a4b69 (#2107, 2025-12-17) until 9810191 (2026-02-23, Python
-configs), e347b1e (v0.2.2, what meshplan reads and writes) included: ``Literal["standard", "deepep"]``
+The backend key is in torchtitan's job TOML from 36a4b69 (#2107, 2025-12-17) until 9810191
+(2026-02-23, Python configs), e347b1e (v0.2.2, what meshplan reads and writes) included: ``Literal["standard", "deepep"]``
 (``torchtitan/config/job_config.py``:474 at e347b1e). "standard" is torch's all-to-all (meshplan's
 ``alltoall``); "deepep" runs DeepEP's V1 normal dispatch and combine, the kernels Megatron-LM's flex
 dispatcher calls (:mod:`meshplan.comm.deepep`): ``moe_dispatcher = "deepep"``. "hybridep" (HybridEP's TMA
@@ -19,6 +20,7 @@ kernels for GB200 NVL72, 156db2e) and "minimal_async_ep" came later, with the Py
 from __future__ import annotations
 
 from meshplan.errors import ConfigError, printable
+from meshplan.spec.axes.ep import TORCH_ETP, TORCH_ETP_EP1
 
 KEY = "expert_parallel_comm_backend"
 #: The backends of later torchtitan (Python configs, ``moe_comm_backend``), with what each runs.
@@ -50,3 +52,38 @@ def write_backend(moe_dispatcher: str) -> dict:
     """``[parallelism]`` keys of ``training.moe_dispatcher`` (the inverse of :func:`read_backend`): none for
     the default all-to-all (torchtitan's "standard")."""
     return {KEY: "deepep"} if moe_dispatcher == "deepep" else {}
+
+
+def read_etp(par: dict, deg: dict[str, int], notes: list[str]) -> None:
+    """``parallelism.expert_tensor_parallel_degree`` (e347b1e's ``job_config.py``:464, v0.2.2; c4b409a
+    removed it: :data:`~meshplan.spec.axes.ep.TORCH_ETP`). With ep > 1, v0.2.2 runs etp 1 or tp
+    (``parallel_dims.py``:58-59 at e347b1e), another etp a ConfigError; etp = tp is read, with a note:
+    meshplan plans torch as b5bcd76, so the plan is infeasible (rule ``torch_etp``). At ep 1 it is read
+    as tp (the experts over tp there), with a note; else as it is, with a note naming c4b409a.
+
+    >>> read_etp({"expert_tensor_parallel_degree": 2}, {"ep": 4, "etp": 2, "tp": 4}, [])
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: parallelism.expert_tensor_parallel_degree: 2 with expert_parallel_degree 4 and tensor_parallel_degree 4: torchtitan v0.2.2 runs 1 or the tp degree there ("Currently we only support ETP=TP or ETP=1", parallel_dims.py:58-59 at e347b1e); fix: expert_tensor_parallel_degree = 1 or 4
+    """
+    if "expert_tensor_parallel_degree" not in par:
+        return
+    ep, etp, tp = deg["ep"], deg["etp"], deg["tp"]
+    if ep > 1 and etp not in (1, tp):
+        raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with expert_parallel_degree {ep} and "
+                          f"tensor_parallel_degree {tp}: torchtitan v0.2.2 runs 1 or the tp degree there (\"Currently "
+                          f"we only support ETP=TP or ETP=1\", parallel_dims.py:58-59 at e347b1e); fix: "
+                          f"expert_tensor_parallel_degree = {'1' if tp == 1 else f'1 or {tp}'}")
+    if ep == 1 and etp != tp:  # ep 1: the experts over tp whatever the key (torch_etp)
+        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} at expert_parallel_degree 1: read as etp "
+                     f"{tp}, the tp degree: {TORCH_ETP_EP1}")
+        deg["etp"] = etp = tp
+    if ep > 1 and etp > 1:
+        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} with expert_parallel_degree {ep}: torchtitan "
+                     f"v0.2.2 runs it (ETP = TP, parallel_dims.py:58-59 at e347b1e), but meshplan plans torchtitan as "
+                     f"b5bcd76, where {TORCH_ETP}: the plan is infeasible (rule torch_etp); "
+                     "expert_tensor_parallel_degree = 1 plans what both run")
+        return
+    notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan up to v0.2.2 "
+                 "reads the key (meshplan export keeps it); c4b409a (#3167, 2026-04-30) removed it with expert "
+                 "tensor parallelism, so delete it for a torchtitan after that commit")

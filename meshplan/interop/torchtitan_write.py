@@ -234,6 +234,9 @@ def write_notes(cfg: Config, recompute_noted: bool = False) -> list[str]:
     out += [f"note: training.torch_norm \"decomposed\" is torchtitan's pre-2025 RMSNorm (model.norm_type = "
            f"\"rmsnorm\", a key torchtitan removed); the torchtitan written here runs nn.RMSNorm"] \
         if t.torch_norm == "decomposed" else []
+    out += [f"note: training.op_sac_policy \"b5bcd76\" plans torchtitan b5bcd76's op-level SAC (one wqkv mm, saved "
+            f"whole); the torchtitan <= v0.2.2 this file is for saves wq and wv and recomputes wk (238fa99's policy, "
+            f"meshplan's default)"] if t.recompute == "op" and t.op_sac_policy == "b5bcd76" and not cfg.model.is_mla else []
     if t.recompute != "selective" or recompute_noted:
         return out
     written = write_recompute(t)["mode"]

@@ -109,7 +109,7 @@ from __future__ import annotations
 from fractions import Fraction
 from math import ceil
 
-from meshplan.compute.recompute import op_sac_mms, op_sac_saved_mms
+from meshplan.compute.recompute import op_sac_fuses_qkv, op_sac_mms, op_sac_saved_mms
 from meshplan.compute.shapes import local_split
 from meshplan.errors import ConfigError
 from meshplan.memory.cp_buffers import saves_gathered_kv
@@ -214,14 +214,16 @@ VARIANTS = ("sp_gathered_input", "unfused_norm", "kv_expanded")
 
 def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
                 recompute: str = "none", flash: bool = False, fused_glu: bool = False, framework: str = "torch",
-                cp_kv: bool = False, parts: frozenset = frozenset({"core_attn"}), **variants: bool) -> list[Term]:
+                cp_kv: bool = False, parts: frozenset = frozenset({"core_attn"}), op_sac_policy: str = "238fa99",
+                **variants: bool) -> list[Term]:
     """Stored tensors of one layer for one micro-batch on one rank (bytes), per the module
     derivation. ``sp``: sequence parallel; ``recompute``: none, selective or full;
     ``framework``: megatron at tp > kv_heads keeps the all-gathered fused QKV output
     (:func:`_attention_terms`); ``cp_kv``: K and V kept for the whole sequence (all-gather CP,
     :func:`_attention_terms`); ``parts``: under ``selective``, what Megatron-LM's recompute modules
     recompute in this layer (:func:`meshplan.spec.recompute_modules.layer_parts`; default: the
-    attention core), whose terms are not kept (:data:`DISCARDED`); ``variants``: :data:`VARIANTS`
+    attention core), whose terms are not kept (:data:`DISCARDED`); ``op_sac_policy``:
+    under ``op``, the torchtitan commit whose policy saves (:func:`op_sac_terms`); ``variants``: :data:`VARIANTS`
     (module docstring).
 
     4 q / 2 KV heads of 16 (h 64), s 64, b 1, tp 4, bf16: v (64 x 1 x 16 x 2 = 2,048 B) becomes the
@@ -240,7 +242,7 @@ def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
         e = dims.act_bytes
         return [Term("layer input (checkpoint)", e * lc.rtok * dims.b * dims.h, f"{e}*{lc.seq}*b*h{lc.r}")]
     if recompute == "op":
-        return op_sac_terms(dims, lc, flash)
+        return op_sac_terms(dims, lc, flash, op_sac_policy)
     gathered = qkv_gathered(framework, tp, dims.g) and not dims.kv_lora
     views = bool(dims.kv_lora) and framework == "torch"
     parts = parts if recompute == "selective" else frozenset()
@@ -266,7 +268,7 @@ DISCARDED = {"attn_norm": ("qkv input", "qkv input (all-gathered)"),
              "moe": _MLP_INSIDE, "shared_experts": _MLP_INSIDE}
 
 
-def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool) -> list[Term]:
+def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool, policy: str = "238fa99") -> list[Term]:
     """Kept by torchtitan's op-level selective AC (``selective_ac_option = "op"``): the
     checkpoint's input, and the outputs of the ops its policy must save: every odd-numbered
     ``aten.mm`` of the layer's forward (the count restarts per layer; every second mm is
@@ -281,7 +283,10 @@ def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool) -> list[Term]:
     Each mm's output at the rank's tokens: wq and wq_b ``a d / t``, wq_a ``c_q`` and wkv_a ``c_kv +
     r`` (replicated down projections), wkv_b ``a (d - r + d_v) / t``, wk ``g d / t``, wv ``g d_v /
     t``, wo and w_down ``h`` (the partial sums before a reduce-scatter), w_gate and w_up ``f / t``.
-    Norms, RoPE, SiLU and the residual adds are recomputed.
+    Norms, RoPE, SiLU and the residual adds are recomputed. Under torchtitan b5bcd76's policy
+    (``policy``, :func:`meshplan.compute.recompute.op_sac_fuses_qkv`) a layer without MLA projects Q,
+    K and V with one mm, ``wqkv``, saved whole (``(a d + g d + g d_v) / t``): the attention keeps
+    wk's output too, and wv's no longer apart.
 
     >>> lc = _local(LayerDims(s=8, b=1, h=16, a=4, g=2, d=4, f=64, gated=True, dropout=False), 1, False, 1)
     >>> [(t.name, t.size_bytes) for t in op_sac_terms(LayerDims(8, 1, 16, 4, 2, 4, 64, True, False), lc, True)]
@@ -289,15 +294,19 @@ def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool) -> list[Term]:
     [('layer input (checkpoint)', 256), ('wq output (saved mm)', 256), ('wv output (saved mm)', 128),
      ('attention output (saved SDPA)', 256), ('flash softmax statistics (fp32)', 128),
      ('w_gate output (saved mm)', 1024), ('w_down output (saved mm)', 256)]
+    >>> [(t.name, t.size_bytes) for t in op_sac_terms(LayerDims(8, 1, 16, 4, 2, 4, 64, True, False), lc, True,
+    ...                                                "b5bcd76")][1:2]
+    [('wqkv output (saved mm)', 512)]
     """
     e, b, S, r = dims.act_bytes, dims.b, lc.seq, lc.r
     rows = lc.tok * b
     width = {"wq": (lc.aq * dims.d, "a*d/t"), "wq_b": (lc.aq * dims.d, "a*d/t"), "wq_a": (dims.q_lora, "c_q"),
              "wkv_a": (dims.kv_lora + dims.rope, "(c_kv+r)"), "wk": (lc.akv * dims.d, "g*d/t"),
              "wkv_b": (lc.aq * (dims.d - dims.rope + dims.d_v), "a*(d-r+d_v)/t"), "wv": (lc.akv * dims.d_v, "g*d_v/t"),
-             "wo": (dims.h, "h"), "w_gate": (lc.f, "f/t"), "w_up": (lc.f, "f/t"), "w_down": (dims.h, "h")}
+             "wo": (dims.h, "h"), "w_gate": (lc.f, "f/t"), "w_up": (lc.f, "f/t"), "w_down": (dims.h, "h"),
+             "wqkv": (lc.aq * dims.d + lc.akv * (dims.d + dims.d_v), "(a*d+g*d+g*d_v)/t")}
     mms = op_sac_saved_mms(op_sac_mms(mla=bool(dims.kv_lora), q_lora=bool(dims.q_lora), gated=dims.gated,
-                                      mlp=bool(dims.f)))
+                                      mlp=bool(dims.f), fused_qkv=op_sac_fuses_qkv(policy, bool(dims.kv_lora))))
     saved = [Term(f"{n} output (saved mm)", e * rows * width[n][0], f"{e}*{S}*b*{width[n][1]}") for n in mms]
     n_attn = sum(n.startswith("wq") or n.startswith("wk") or n in ("wv", "wo") for n in mms)
     out = [Term("layer input (checkpoint)", e * lc.rtok * b * dims.h, f"{e}*{S}*b*h{r}")] + saved[:n_attn] + [
@@ -377,4 +386,4 @@ def layer_options(mesh: Mesh, training: TrainingSpec, checkpointed: bool = False
     split = local_split(mesh)
     return dict(tp=split[Dim.HEADS], sp=mesh.sequence_parallel, cp=split[Dim.SEQUENCE],
                 recompute=rc, flash=training.flash_attention, framework=training.framework,
-                cp_kv=saves_gathered_kv(training, split[Dim.SEQUENCE]))
+                cp_kv=saves_gathered_kv(training, split[Dim.SEQUENCE]), op_sac_policy=training.op_sac_policy)

@@ -100,6 +100,12 @@ def hpz_secondary_bytes(training: TrainingSpec, params: int) -> int:
     (``torch.empty(secondary_partition_size, dtype=param.dtype)``) from the first forward of a step
     to ``_post_step``'s ``invalidate_secondary_tensor`` (``stage3.py:2566-2577``): ``params / g x``
     the parameter bytes (the alignment to the world, under ``world`` elements a tensor, left out).
+    The copy that fills it holds no other buffer (``param.contiguous().view(-1)``, 1908, is a view
+    of the gathered parameter; ``zero_`` and ``copy_`` write the slice in place, 1916-1919). The
+    memory timeline places it at init: each unit's slice appears as the unit is released in
+    micro-batch 0's forward and all of it is freed after the optimizer step, so every later pass,
+    the backward and the step hold it whole, and only micro-batch 0's forward is overstated, by the
+    slices of the units it has not yet released (at its head, the [norm, output] unit's).
 
     Llama 3 8B (8,030,261,248 parameters, bf16) with g = 8: 2.01 GB a rank:
 

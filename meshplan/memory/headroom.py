@@ -43,3 +43,20 @@ def headroom_words(peak_bytes: float, usable_bytes: float, fragmentation_fractio
     free = usable_bytes - peak_bytes
     return (f"tight: {free / GiB:.1f} GiB = {free / usable_bytes:.1%} of the usable {usable_bytes / GiB:.1f} GiB free, "
             f"under {ALLOCATOR_FRAGMENTATION:.0%}")
+
+
+def tight_warning(name: str, peak_bytes: float, usable_bytes: float, fragmentation_fraction: float) -> str:
+    """The one ``warning (NAME): tight: ...`` line ``compare`` prints under its verdict for a tight
+    side and ``plan`` and ``step`` for a tight mesh (newcomer trial 49: only search and compare
+    flagged it), "" where the peak is not :func:`tight` (:func:`headroom_words`).
+
+    >>> print(tight_warning("a", 64.5 * 2**30, 67.1 * 2**30, 0.0))
+    warning (a): tight: 2.6 GiB = 3.9% of the usable 67.1 GiB free, under 15% at [memory] fragmentation_fraction 0%; PyTorch's caching allocator was measured to lose about 15% to fragmentation in LLM training (GMLake, ASPLOS 2024), and search lists such a mesh after those that keep 15% free
+    """
+    words = headroom_words(peak_bytes, usable_bytes, fragmentation_fraction)
+    if not words:
+        return ""
+    frac = f"{ALLOCATOR_FRAGMENTATION:.0%}"
+    return (f"warning ({name}): {words} at [memory] fragmentation_fraction {fragmentation_fraction:.0%}; PyTorch's "
+            f"caching allocator was measured to lose about {frac} to fragmentation in LLM training (GMLake, ASPLOS "
+            f"2024), and search lists such a mesh after those that keep {frac} free")

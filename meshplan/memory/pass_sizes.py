@@ -109,6 +109,9 @@ class StageSizes:
     deepspeed_params: tuple[int, ...] = ()
     # bytes of each layer its stage3_max_reuse_distance keeps from its forward to its backward (one stage)
     deepspeed_kept: tuple[int, ...] = ()
+    # Megatron Core's data-loader attention mask on this stage: (GPU copy, kept after the cp slice), bytes
+    # (meshplan.memory.sizes.batch_mask_bytes): held through the forward of the chunk that runs get_batch
+    batch_mask: tuple[int, int] = (0, 0)
 
     @cached_property
     def step_events(self) -> dict:

@@ -54,10 +54,10 @@ from meshplan.memory.pass_sizes import BackStep
 from meshplan.memory.unit_events import Entry, UnitEvents
 
 #: What an event allocates or frees (the timeline's columns; described in :mod:`meshplan.memory.timeline`).
-KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", "fragmentation",
+KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "userbuffers", "workspace", "fragmentation",
          "gathered_params", "grad_buffers", "activations", "temporaries")
 #: Kinds PyTorch's caching allocator (and so MemTracker) never sees.
-UNTRACKED_KINDS = ("comm_buffers", "fragmentation")
+UNTRACKED_KINDS = ("comm_buffers", "userbuffers", "fragmentation")
 
 
 class PassBuilder(UnitEvents):
@@ -95,6 +95,7 @@ class PassBuilder(UnitEvents):
         # not (module docstring); DeepSpeed frees it once its parameters are copied out
         # (AllGatherCoalescedHandle.wait)
         depth, keep = sz.forward_prefetch, sz.deepspeed_prefetch is None
+        mask = self._batch_mask()
         for key in (k for k in ("root", "embedding") if k in keys):
             self._unshard(key, list(sz.chunks[self.chunk]), depth, keep)
             self._add(None, "activations", sz.embedding_saved, "embedding: token ids (+ dropout mask) saved")
@@ -114,6 +115,24 @@ class PassBuilder(UnitEvents):
             self._unshard("head", [], depth, keep)
             self._head_forward()
         self._free_outputs()
+        self._add(None, "temporaries", -mask, "get_batch: the attention mask freed as forward_step returns")
+
+    def _batch_mask(self) -> int:
+        """Megatron Core's data-loader attention mask, allocated where this pass's chunk runs
+        ``get_batch`` (the first chunk of the first stage, the last of the last:
+        :func:`meshplan.compute.batch_input.core_batch_chunk`): the GPU copy (tp rank 0's ``.cuda()``,
+        the other tp ranks' broadcast buffer), then at cp > 1 its cp slice replacing it
+        (:attr:`~meshplan.memory.pass_sizes.StageSizes.batch_mask`); the bytes kept, 0 elsewhere."""
+        full, kept = self.sz.batch_mask
+        first = self.chunk == 0 and any(k in self.keys for k in ("root", "embedding"))
+        if not full or not (first or "head" in self.keys or "root" in self.keys):
+            return 0
+        self._add(None, "temporaries", full, "get_batch: the data loader's b x 1 x s x s bool attention mask on the "
+                                             "GPU (tp rank 0's copy, the other tp ranks' broadcast buffer)")
+        if kept != full:
+            self._add(None, "temporaries", kept - full, "get_batch: the mask's cp slice (index_select), the full "
+                                                        "copy freed")
+        return kept
 
     def _free_outputs(self) -> None:
         """The root's post-forward: the last all-gather output kept is freed."""

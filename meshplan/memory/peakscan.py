@@ -33,7 +33,7 @@ def template_stats(entries: tuple) -> tuple[np.ndarray, int, int, np.ndarray]:
 
     >>> [x.tolist() if hasattr(x, "tolist") else x for x in template_stats(((None, "activations", 5, ""),
     ...  (None, "activations", -2, ""), (None, "temporaries", 4, "")))][:3]
-    [[0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 4], 7, 2]
+    [[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 4], 7, 2]
     """
     vec, kmax = [0] * len(KINDS), [0] * len(KINDS)  # Python ints: one loop step per event, no numpy scalars
     best, at, total = None, 0, 0

@@ -243,4 +243,5 @@ def reserved_of(tl, config: AllocatorConfig = AllocatorConfig()) -> Reserved:
     :class:`~meshplan.memory.timeline.Timeline`, which calls this: :meth:`~meshplan.memory.timeline.Timeline.reserved_memory`)
     under ``config`` (init and :data:`STEPS` step, :func:`bounded_passes`)."""
     ops, lost = allocator_ops(step_events(tl))
-    return Reserved(tl.stage, simulate(ops, config), int(tl.peak.by_kind.get("comm_buffers", 0)), lost, config)
+    untracked = sum(int(tl.peak.by_kind.get(k, 0)) for k in ("comm_buffers", "userbuffers"))
+    return Reserved(tl.stage, simulate(ops, config), untracked, lost, config)

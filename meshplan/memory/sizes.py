@@ -2,7 +2,8 @@
 (:func:`stage_sizes`): the layers' and the head's activations and working sets
 (:mod:`meshplan.memory.workingset`, computed once for all stages: :func:`common_sizes`), the
 stage's FSDP units (:mod:`meshplan.memory.units`), DeepSpeed's gradient buffers
-(:mod:`meshplan.memory.buffers`), DeepEP's buffer (:mod:`meshplan.memory.deepep_buffers`), the persistent state at init (:func:`init_entries`) and the
+(:mod:`meshplan.memory.buffers`), DeepEP's buffer (:mod:`meshplan.memory.deepep_buffers`), Transformer Engine's
+userbuffers (:mod:`meshplan.memory.userbuffers`), the persistent state at init (:func:`init_entries`) and the
 optimizer step's temporaries (:func:`step_entries`).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from meshplan.compute.batch_input import core_key_bytes
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.model import ModelSpec
@@ -21,6 +23,7 @@ from meshplan.memory.buffers import bf16_lp_grad_bytes, bf16_step_bucket_bytes, 
     deepspeed3_ipg_bytes, hpz_secondary_bytes, ipg_elements
 from meshplan.memory.deepep_buffers import BufferBytes, entry as deepep_entry, rank_buffer
 from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
+from meshplan.memory.userbuffers import entry as ub_entry
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
 from meshplan.memory.units import explicit_forward_prefetch, units
@@ -107,6 +110,36 @@ def common_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: Mem
     return CommonSizes(dense, moe, head_sizes(model, training, mesh, opts), ck, ck_moe)
 
 
+def batch_mask_bytes(training: TrainingSpec, mesh: Mesh, stage: int) -> tuple[int, int]:
+    """(bytes on the GPU after ``get_batch_on_this_tp_rank``, bytes kept after
+    ``get_batch_on_this_cp_rank``) of Megatron Core's data-loader attention mask on ``stage``
+    (``training.core_attention_mask``; (0, 0) otherwise or on a middle stage). Read at
+    NVIDIA/Megatron-LM d98e8a64dd: the loader's ``[b, 1, s, s]`` bool mask (1 B an element,
+    :func:`meshplan.compute.batch_input.core_key_bytes`) is pinned host memory
+    (``data_samplers.py:115``), not the GPU's; ``get_batch`` (``pretrain_gpt.py:110-160``) runs on
+    the first and last stage only, where tp rank 0 copies it to the GPU (``.cuda(non_blocking=True)``,
+    136-142) and every other tp rank allocates its broadcast buffer of the same shape
+    (``megatron/core/utils.py:2337-2342``, ``torch.empty((b, 1, s, s), dtype=torch.bool)``): ``b x s x s``
+    bytes on every rank of the stage. At cp > 1 ``_get_batch_on_this_cp_rank_per_sequence_balancing``
+    (``utils.py:2504-2560``) ``index_select``s its two zigzag chunks of rows along dim 2 into a new
+    tensor, ``b x (s / cp) x s``, and the full copy is freed as the batch dict's entry is replaced. The
+    mask is a local of ``forward_step`` (``pretrain_gpt.py:295-380``), passed to the model and not saved
+    for backward: freed when the chunk's forward returns (:meth:`meshplan.memory.passes.PassBuilder._forward`).
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=8192, framework="megatron", megatron_runtime="core")
+    >>> m = resolve_mesh(MeshSpec(names=["pp", "cp", "tp"], shape=[4, 2, 2]), 16)
+    >>> batch_mask_bytes(t, m, 0), batch_mask_bytes(t, m, 1), batch_mask_bytes(t, m, 3)
+    ((67108864, 33554432), (0, 0), (67108864, 33554432))
+    """
+    pp = mesh.degree("pp")
+    if not training.core_attention_mask or stage not in (0, pp - 1):
+        return 0, 0
+    full = core_key_bytes("attention_mask", training.micro_batch, training.seq_len)
+    return full, full // mesh.degree("cp")
+
+
 def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: StateBytes,
                 opts: MemoryOptions, comm_axes: list[str], common: Optional[CommonSizes] = None,
                 origin: str = "") -> StageSizes:
@@ -150,5 +183,6 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         deepspeed_params=layer_param_bytes(model, training, mesh) if opts.deepspeed_prefetch_bytes(training) else (),
         deepspeed_kept=reuse.kept if reuse is not None else (),
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin,
-                                                                   mesh.layout.names, deepep),
-        step=step_entries(state, training, opts, fsdp_grads))
+                                                                   mesh.layout.names, deepep)
+        + ub_entry(model, training, mesh),
+        step=step_entries(state, training, opts, fsdp_grads), batch_mask=batch_mask_bytes(training, mesh, k))

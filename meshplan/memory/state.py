@@ -261,7 +261,7 @@ def _bytes_per_element(kind: str, training: TrainingSpec) -> int:
     if kind == "grads":
         return dtype_bytes(training.grad_dtype)
     if kind == "master":
-        return 4 if training.keeps_master else 0
+        return training.master_bytes
     return training.optimizer_states * dtype_bytes(training.optimizer_dtype)
 
 

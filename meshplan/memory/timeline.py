@@ -12,7 +12,8 @@ their sources are in :mod:`meshplan.memory.sizes`; the stated parameters are
 Kinds (:data:`KINDS`): ``params``, ``master``, ``optimizer``, ``grads`` (persistent state,
 :func:`~meshplan.memory.state.state_bytes`, by sharding axis), ``comm_buffers`` (NCCL's,
 and DeepEP's under the deepep dispatcher: :mod:`meshplan.memory.deepep_buffers`; outside PyTorch's
-allocator), ``workspace`` (cuBLAS), ``fragmentation`` (allowance),
+allocator), ``userbuffers`` (Transformer Engine's under Megatron-LM's ``--tp-comm-overlap``:
+:mod:`meshplan.memory.userbuffers`; outside it too), ``workspace`` (cuBLAS), ``fragmentation`` (allowance),
 ``gathered_params`` (FSDP all-gathers), ``grad_buffers`` (unsharded gradients,
 reduce-scatter inputs, buckets), ``activations`` (saved for backward and recomputed),
 ``temporaries`` (working sets, logits, optimizer-step temporaries).

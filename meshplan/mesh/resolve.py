@@ -174,7 +174,10 @@ def _pairs(spec: MeshSpec) -> list[tuple[str, int]]:
         names = from_megatron_order(spec.order)
         unknown = set(spec.degrees) - set(names)
         if unknown:
-            raise ConfigError("mesh.degrees", f"axes {sorted(unknown)} are not in order {spec.order!r}")
+            fix = "-".join(sorted(unknown)) + "-" + spec.order
+            raise ConfigError("mesh.degrees", f"axes {sorted(unknown)} are not in order {spec.order!r}; add them to "
+                                              f"mesh.order where they vary (fastest first), e.g. order = \"{fix}\", or "
+                                              f"leave them out of mesh.degrees")
         return [(n, spec.degrees.get(n, 1)) for n in names]
     # MeshSpec's validator already refuses this; kept so the two forms are narrowed here
     raise ConfigError("mesh", "give either names + shape or order + degrees")

@@ -32,6 +32,7 @@ from meshplan.report.html import (
 )
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes, reserved_line
+from meshplan.report.plan_warnings import plan_notes, plan_warnings
 from meshplan.report.memory_plot import png_bytes
 from meshplan.report.search import count_lines, header_lines, outcome_rows, rejected_lines, table_lines, top_table
 from meshplan.report.search_fix import infeasible_verdict
@@ -60,7 +61,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
                         f"{sharding_words(t, c.origin, plan_replicates(plan))}, recompute {t.recompute} "
-                        f"({recompute_words(t, runtime(t, c.origin))}), params {t.param_dtype}, "
+                        f"({recompute_words(t, runtime(t, c.origin))}), {t.dtype_words}, "
                         f"reserve {t.memory_reserve:.0%}")]
     if plan.mesh is not None:
         mesh = plan.mesh
@@ -198,7 +199,7 @@ def verdict_numbers(plan: Plan | Infeasible, st: Optional[StepTime]) -> list[str
 def plan_sections(plan: Plan | Infeasible, st: Optional[StepTime], name: str) -> list[str]:
     """The plan page's sections (also one side of the compare page)."""
     out = [section("Verdict", verdict_html(plan.feasible, plan.reasons) + lines(verdict_numbers(plan, st))
-                   + lines(f"note: {n}" for n in plan.notes)),
+                   + lines(f"note: {n}" for n in plan_notes(plan, st)) + lines(plan_warnings(plan))),
            section("Input", table(["", ""], summary_rows(plan))),
            section("Constraints (before any mesh)",
                    table(["kind", "constraint", "requires"], [(r.kind, r.text, r.requires)

@@ -74,14 +74,17 @@ def envelope(command: str, plan: Optional[Plan | Infeasible] = None, **fields: A
 
 
 def groups_doc(plan: Plan | Infeasible, rank: int) -> dict[str, Any]:
-    """Rank ``rank``'s coordinates and its group on every axis; every axis's groups."""
+    """Rank ``rank``'s coordinates and its group on every axis; every axis's groups; each axis's
+    row-major stride (rank = sum of coordinate x stride, :attr:`meshplan.mesh.layout.Layout.strides`)."""
     mesh = plan.mesh
     if mesh is None:
-        return envelope("groups", plan, rank=rank, names=[], shape=[], coordinates={}, group_of_rank={}, groups={})
+        return envelope("groups", plan, rank=rank, names=[], shape=[], strides={}, coordinates={}, group_of_rank={},
+                        groups={})
     coords = mesh.layout.coords_of(rank)
     extra = model_groups(mesh, plan.config.model, plan.config.training.framework)  # kv_replica (tp > kv_heads)
     mine = {a: [int(r) for r in g[(g == rank).any(axis=1)][0]] for a, g in extra.items()}
     return envelope("groups", plan, rank=rank, names=list(mesh.layout.names), shape=list(mesh.layout.shape),
+                    strides={n: int(s) for n, s in zip(mesh.layout.names, mesh.layout.strides)},
                     coordinates={n: int(c) for n, c in zip(mesh.layout.names, coords)},
                     group_of_rank={**{a: [int(r) for r in mesh.group_of(rank, a)] for a in mesh.all_axes()}, **mine},
                     groups={**{a: mesh.groups(a).tolist() for a in mesh.all_axes()},

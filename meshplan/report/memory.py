@@ -26,6 +26,7 @@ KIND_NOTES = {
     "optimizer": "optimizer moments",
     "grads": "gradients kept for the step (FSDP: sharded, from the first reduce-scatter)",
     "comm_buffers": "NCCL buffers per communicator (outside PyTorch's allocator)",
+    "userbuffers": "Transformer Engine's userbuffers of --tp-comm-overlap (outside PyTorch's allocator)",
     "workspace": "cuBLAS workspace",
     "fragmentation": "allocator allowance (stated fraction)",
     "gathered_params": "FSDP all-gathered layers (current + prefetched)",
@@ -93,7 +94,9 @@ def kind_notes(plan: Plan) -> dict[str, str]:
     deepep = ({"comm_buffers": "NCCL buffers per communicator and, on the stages with MoE layers, DeepEP's NVL and "
                                "RDMA buffers and workspace (outside PyTorch's allocator)"}
               if plan.config.training.moe_dispatcher == "deepep" and plan.config.model.is_moe else {})
-    return KIND_NOTES | deepep | kind_words(plan.config.training, plan.config.origin, plan.mesh.degree("fsdp"))
+    t = plan.config.training
+    master = {"master": f"master copy in {t.master_dtype} (training.master_dtype)"} if t.master_dtype != "fp32" else {}
+    return KIND_NOTES | deepep | master | kind_words(t, plan.config.origin, plan.mesh.degree("fsdp"))
 
 
 def kinds_table(tl: Timeline, notes: dict[str, str] = KIND_NOTES) -> Table:

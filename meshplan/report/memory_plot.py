@@ -17,7 +17,7 @@ from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.units import GiB, counted
 
 COLORS = {"params": "#1f4e79", "master": "#2e75b6", "optimizer": "#9dc3e6", "grads": "#548235",
-          "comm_buffers": "#7f7f7f", "workspace": "#bfbfbf", "fragmentation": "#d9d9d9",
+          "comm_buffers": "#7f7f7f", "userbuffers": "#595959", "workspace": "#bfbfbf", "fragmentation": "#d9d9d9",
           "gathered_params": "#c55a11", "grad_buffers": "#a9d18e", "activations": "#ffc000",
           "temporaries": "#ff66cc"}
 

@@ -73,7 +73,7 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
             "feasible": e.feasible, "reasons": list(e.reasons), "peak_bytes": e.peak_bytes, "step_s": e.step_s,
             "reshard_after_forward": bool(c.rf[i]),
             "reshard_after_forward_default": None if c.reshard_setting(i) is None else c.reshard_default_at(i),
-            "tp_comm_overlap": bool(c.ov[i]),
+            "tp_comm_overlap": bool(c.ov[i]), "zero_hpz_partition_size": c.hpz(i),
             "ends_short_stages": bool(c.us[i]), "pp_schedule": str(candidate_schedule(int(c.vpp[i]), int(c.ps[i]))),
             "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,
             "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i]),
@@ -151,7 +151,7 @@ def header_lines(r: SearchResult) -> list[str]:
             f"tp <= {max_tp(cfg)}; [mesh] of the config ignored",
             "also searched: training.reshard_after_forward (FSDP-sharded parameters), "
             + ("training.tp_comm_overlap (tp > 1), " if overlap_searched(t) else "")
-            + layer_words(r)
+            + layer_words(r) + hpz_words(r)
             + "first and last stage lighter by one layer each (Llama 3 split, pp >= 3; with vpp > 1 where "
             "(layers + 2) / (pp x vpp) is whole)"
             + "".join(f", pipeline schedule {x} (pp > 1, vpp 2)" for x in o.pp_schedules if x != "1f1b")
@@ -164,15 +164,25 @@ def header_lines(r: SearchResult) -> list[str]:
             "torch.compile; set training.torch_compile = true to search it)"]) + narrowed_lines(o)
 
 
+def hpz_words(r: SearchResult) -> str:
+    """The "also searched" part for DeepSpeed ZeRO++ hpZ's g (:func:`meshplan.search.space.hpz_applies`),
+    where some candidate has g above 1; "" otherwise."""
+    hz = r.candidates.hz
+    if hz is None or not (hz > 1).any():
+        return ""
+    return (f"training.zero_hpz_partition_size {'/'.join(map(str, sorted(set(hz.tolist()))))} (DeepSpeed ZeRO++ hpZ: "
+            "zero3 with the data axis the whole world), ")
+
+
 def layer_words(r: SearchResult) -> str:
-    """The "also searched" part for torchtitan's per-layer AC searched in op's stead
+    """The "also searched" part for torchtitan's per-layer AC searched beside op
     (:func:`meshplan.search.space_recompute.layer_for_op`), where some candidate has it; "" otherwise."""
     cfg = r.config
     if not layer_for_op(cfg) or not (r.candidates.rc == RECOMPUTE.index("layer")).any():
         return ""
     where = "multi-head latent attention" if cfg.model.is_mla else "ep > 1"
     return (f"recompute layer at ac_freq {LAYER_AC_FREQ} (torchtitan's per-layer AC, selective_ac_option "
-            f"\"{LAYER_AC_FREQ}\") with {where}, where op is not planned, ")
+            f"\"{LAYER_AC_FREQ}\") with {where}, beside op, ")
 
 
 def timing_line(r: SearchResult) -> str:
@@ -340,12 +350,14 @@ def knobs(d: dict) -> str:
     """The searched training knobs that are not the default: ``keep gathered`` or ``resharded``
     (reshard_after_forward off its default at the row's pp, ``reshard_after_forward_default``, null
     where it gathers nothing: :func:`~meshplan.search.columns.reshard_word`), ``tp overlap``,
-    ``short ends`` (Llama 3 split), a V-shaped pipeline schedule (``zbv``, ``dualpipev``)."""
+    ``short ends`` (Llama 3 split), a V-shaped pipeline schedule (``zbv``, ``dualpipev``), ``hpZ 8``
+    (DeepSpeed ZeRO++'s ``zero_hpz_partition_size`` above 1)."""
     default = d.get("reshard_after_forward_default")
     tag = reshard_word(None if default is None else d["reshard_after_forward"], bool(default))
     on = [(tag, bool(tag)), ("tp overlap", d["tp_comm_overlap"]),
           ("short ends", d["ends_short_stages"]), (d.get("pp_schedule", ""), "pp_schedule" in d and Schedule(d["pp_schedule"])
-                                    is not candidate_schedule(d["virtual_stages"]))]
+                                    is not candidate_schedule(d["virtual_stages"])),
+          (f"hpZ {d.get('zero_hpz_partition_size')}", d.get("zero_hpz_partition_size", 1) > 1)]
     return ", ".join(t for t, x in on if x) or "-"
 
 

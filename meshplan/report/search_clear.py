@@ -56,7 +56,7 @@ def row_warnings(r: SearchResult, e) -> tuple[str, ...]:
     cc = candidate_config(r.config, r.candidates, e.index)
     assert cc.mesh is not None  # a candidate's config always carries its mesh
     split = split_backward_ac_warning(cc.training, cc.mesh.pp_schedule, int(r.candidates.pp[e.index]))
-    workload = position_warning(r.config.model, r.config.training.seq_len)
+    workload = position_warning(r.config.model, r.config.training.seq_len, r.config.training.framework)
     others = [w.split(": ", 1)[0] for w in config_warnings(cc) if w not in split and w not in workload]
     usable = usable_bytes(r.config.cluster, r.config.training)
     return tuple([HEADROOM] * tight(r, e, usable) + [SPLIT_AC] * bool(split) + others)

@@ -18,8 +18,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
 from meshplan.report.layer_counts import per_layer_words
 from meshplan.report.memory import timeline_table
-from meshplan.schedule.steptime import step_time
-from meshplan.schedule.tp_overlap_lines import tp_overlap_line
+from meshplan.report.plan_warnings import plan_notes, plan_warnings
 from meshplan.schedule.window_regathers import cadence_words
 from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, replicates, shown_names
 from meshplan.spec.recompute_words import recompute_words
@@ -127,8 +126,8 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
               f"{t.micro_batch}, sharding {sharding_words(t, c.origin, plan_replicates(plan))}, "
               f"recompute {t.recompute} "
-              f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines))}), params {t.param_dtype}, "
-              f"grads {t.grad_dtype}, reduce {t.gradient_reduce_dtype}, reserve {t.memory_reserve:.0%}")
+              f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines))}), {t.dtype_words}, "
+              f"reserve {t.memory_reserve:.0%}")
 
 
 def _constraints(plan: Plan | Infeasible, con: Console) -> None:
@@ -171,6 +170,8 @@ def print_groups(mesh: Mesh, rank: int, con: Console | None = None, extra: dict 
     coords = mesh.layout.coords_of(rank)
     con.print(f"\n[bold]rank {rank}[/] = coordinates {_c(coords)} ("
               + ", ".join(f"{shown.get(n, n)}={c}" for n, c in zip(mesh.layout.names, coords)) + ")")
+    con.print("strides (row-major, rank = sum of coordinate x stride): "
+              + ", ".join(f"{shown.get(n, n)} {s}" for n, s in zip(mesh.layout.names, mesh.layout.strides)))
     renamed = renamed_words(mesh.layout.names, sharding) if shown else ""
     tab = Table(title=f"Process groups (of rank {rank}; all groups in --json). Each axis's groups partition the "
                       f"ranks; members are ordered by their coordinates, outermost axis first"
@@ -351,12 +352,10 @@ def _collectives(plan: Plan, con: Console) -> None:
 
 
 def _verdict(plan: Plan | Infeasible, con: Console) -> None:
-    for n in plan.notes:
+    for n in plan_notes(plan):
         con.print(f"[dim]note[/] {n}")
-    tp = tp_overlap_line(plan, step_time(plan), step_time) \
-        if isinstance(plan, Plan) and plan.config.training.tp_comm_overlap else ""
-    if tp:
-        con.print(f"[dim]note[/] {tp}")
+    for w in plan_warnings(plan):
+        con.print(w, markup=False, highlight=False)
     faults = sorted({f.axis for f in plan.flags if f.severity == "fault"})
     if plan.feasible:
         con.print("[bold green]feasible[/] (validity, groups and the memory peak); predicted step time, MFU, "

@@ -2,13 +2,14 @@
 (kind, group, phase, op) in :class:`CommTimes`, with the per-step, per-micro-batch, pp, loss and
 DeepSpeed figures apart, and the FSDP unit group a row belongs to (:func:`shard_group`); the SM
 share a collective's NCCL kernel takes from compute (:func:`nccl_sm_share`) and the share of its
-NICs a network collective holds (:func:`nic_share`). Each row's kind and
+NICs a network collective holds (:func:`nic_share`), both computed in
+:mod:`meshplan.schedule.row_shares`. Each row's kind and
 stream: :mod:`meshplan.schedule.comm_streams`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.comm import deepspeed, zeropp
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
@@ -16,9 +17,12 @@ from meshplan.comm.fsdp_rows import REUSE_PART
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
 from meshplan.comm.ep_rows import DROPLESS_COUNTS, ETP_GATHER
-from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADENCE, FLOAT8_WEIGHT_SCALES_CADENCE
+from meshplan.comm.zeropp_rows import HPZ_FIRST
+from meshplan.comm.tp_rows import (FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADENCE, FLOAT8_WEIGHT_SCALES_CADENCE,
+                                   MLA_UP_CADENCES)
 from meshplan.compute.batch_input import CORE_CADENCES, GET_BATCH_CADENCES
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
+from meshplan.schedule.row_shares import nccl_sm_share, nic_share  # noqa: F401 (nccl_sm_share: re-exported)
 from meshplan.spec.axes.base import Slot
 from meshplan.spec.axes.cp import P2P_PACKED
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE
@@ -65,6 +69,8 @@ def _row_group(kind: str, row) -> str:
     """The group a row's seconds are kept under in :attr:`CommTimes.t`."""
     if kind == "tp" and row.cadence == QKV_GATHER_CADENCE:
         return QKV
+    if kind == "tp" and row.cadence in MLA_UP_CADENCES.values():  # each latent's replayed all-gather its own
+        return next(g for g, text in MLA_UP_CADENCES.items() if text == row.cadence)
     if kind == "cp" and P2P_PACKED in row.cadence:
         return CP_PACKED
     if kind == "tp" and row.op == "broadcast":  # Megatron-LM's get_batch: each broadcast its own group
@@ -168,6 +174,10 @@ class CommTimes:
     #: DeepSpeed ZeRO-3 of 2021's gradient reductions by the module whose hook flushes their
     #: bucket: (group, module) -> (seconds, buckets) per unit (:func:`~meshplan.schedule.deepspeed_layer.ds_backward_layer`)
     ds_flush: dict = field(default_factory=dict)
+    #: DeepSpeed ZeRO++ hpZ's micro-batch 0 forward (:data:`meshplan.comm.zeropp_rows.HPZ_FIRST` rows):
+    #: its gathers' seconds, NIC and SM shares by key, and its units' secondary copies by (group, op),
+    #: in place of ``t``, ``nic``, ``share`` and ``copies`` in :meth:`first_microbatch`
+    first: dict = field(default_factory=dict)
 
     def reduce_parts(self, seconds: float, per_step: bool = False) -> list[tuple[str, float, str]]:
         """``seconds`` of the gradient reduction (a piece, :func:`~meshplan.schedule.grad_reduce.reduce_pieces`,
@@ -198,6 +208,9 @@ class CommTimes:
         zp: dict = {}  # ZeRO++'s gathers: key -> (seconds x calls, calls) per step
         for r in rows:
             kind = comm_kind(r)
+            if kind == "shard" and HPZ_FIRST in r.cadence:
+                _hpz_first(c, r, sm_share)
+                continue
             _keep_nic(c.nic, kind, r)
             if sm_share is not None and (f := sm_share(r)) > 0:
                 key = (kind, _row_group(kind, r), r.phase, _slot_op(kind, r))
@@ -274,6 +287,16 @@ class CommTimes:
     def get(self, kind: str, phase: str, op: str, group: str = "") -> float:
         return self.t.get((kind, group, phase, op), 0.0)
 
+    def first_microbatch(self) -> "CommTimes":
+        """These times as micro-batch 0's forward meets them: hpZ's gathers over the whole group
+        and its secondary copies (:attr:`first`; the same object without hpZ)."""
+        if not self.first:
+            return self
+        f = self.first
+        kind_max = lambda a, b: {**a, **b, **{k: max(a.get(k, 0.0), x) for k, x in b.items() if len(k) == 1}}
+        return replace(self, t={**self.t, **f["t"]}, nic=kind_max(self.nic, f["nic"]),
+                       share=kind_max(self.share, f["share"]), copies={**self.copies, **f["copies"]}, first={})
+
     def nic_share(self, kind: str, phase: str, op: str, group: str = "", stream: str = "") -> float:
         """Share of its NICs a collective of this key holds while it runs (:func:`nic_share`; 0
         off the network): the key's row's (0 where that row stays on NVLink), else, for a key with
@@ -292,11 +315,25 @@ class CommTimes:
         return self.share.get((kind, group, phase, op), self.share.get((kind,), 0.0))
 
 
+def _hpz_first(c: CommTimes, r, sm_share) -> None:
+    """hpZ's micro-batch 0 forward gather row ``r`` into :attr:`CommTimes.first`: its seconds, NIC
+    and SM shares under its key, its secondary copy (``copy_s``) under (group, "all-gather")."""
+    f = c.first
+    for part in ("t", "nic", "share", "copies"):
+        f.setdefault(part, {})
+    key = ("shard", shard_group(r.cadence), r.phase, r.op)
+    f["t"][key] = r.time_s
+    _keep_nic(f["nic"], "shard", r)
+    if sm_share is not None and (x := sm_share(r)) > 0:
+        f["share"][key] = x
+    f["copies"][(key[1], r.op)] = r.copy_s
+
+
 def _zeropp_row(c: CommTimes, zp: dict, r, layers: int) -> None:
     """One DeepSpeed ZeRO++ row into ``c`` (:mod:`meshplan.comm.zeropp_rows`): an all-gather into
-    ``zp``, whose mean over the step's calls (hpZ: micro-batch 0's over every rank, the others'
-    over the secondary group) is the unit's gather; a reduction row (qgZ's all-to-alls, the
-    gradients reduce-scattered alone) summed into the unit's reduction, its calls per unit."""
+    ``zp``, whose mean over the step's calls is the unit's gather (hpZ: the secondary group's;
+    micro-batch 0's forward over every rank is apart, :func:`_hpz_first`); a reduction row (qgZ's
+    all-to-alls, the gradients reduce-scattered alone) summed into the unit's reduction, its calls per unit."""
     group = shard_group(r.cadence)
     if r.op == "all-gather":
         num, calls = zp.get(("shard", group, r.phase, r.op), (0.0, 0))
@@ -316,34 +353,6 @@ def _one_op(ops) -> str:
     return op if op in ("all-reduce", "reduce-scatter") else ""
 
 
-def nic_share(row) -> float:
-    """Share of a NIC that collective-table ``row`` holds while it runs: the bytes one call puts
-    through the busiest NIC its members send by, at the rank's share of that NIC's line rate
-    (``path.nic_bandwidth_bytes_per_s``: the NIC's rate over the axis's ranks on it, :func:`~meshplan.comm.row.groups_path`),
-    over the call's time, at most 1. The bytes: a send/recv's whole message (the member whose
-    peer is on another node sends it all through its NIC, and the ring or pipeline waits for that
-    member), any other row's network part of :attr:`~meshplan.comm.row.CollectiveRow.link_bytes`
-    (a ring's ``sent / g``: with one NCCL channel leaving by each GPU's NIC, each member's NIC
-    carries 1/g of the node's ring bytes). 0 for a row that stays on NVLink or inside the GPU; a
-    latency-bound call holds little. Each collective is taken at its own busiest NIC, so two rows
-    whose busiest NICs differ are counted as sharing one (rail-aligned nodes, one NIC per GPU:
-    a ring crosses every member's NIC, so it meets any other row's busiest).
-
-    An all-gather over 16 ranks on 2 nodes (8 a node) of 1.6 GB in 10 ms, 200 Gb/s NICs: each
-    rank's NIC carries 15/16 x 1.6 GB / 8 = 187.5 MB, 7.5 ms at 25 GB/s: 0.75 of the NIC.
-
-    >>> from types import SimpleNamespace as R
-    >>> path = R(kind="network", nic_bandwidth_bytes_per_s=25e9, bandwidth_bytes_per_s=200e9)
-    >>> nic_share(R(path=path, op="all-gather", split=None, size_bytes=1.6e9, time_s=0.01, link_bytes=(0.0, 1.875e8)))
-    0.75
-    """
-    if row.path.kind != "network" or row.time_s <= 0:
-        return 0.0
-    rate = row.path.nic_bandwidth_bytes_per_s or row.path.bandwidth_bytes_per_s
-    through = row.size_bytes if row.op == "send/recv" and row.split is None else row.link_bytes[1]
-    return min(1.0, through / rate / row.time_s) if rate > 0 else 0.0
-
-
 def _keep_nic(nic: dict, kind: str, r) -> None:
     """Keep row ``r``'s :func:`nic_share` in ``nic`` under its key (the one
     :meth:`CommTimes.from_rows` times it under; 0 kept too, so the key reads as having a row, unless
@@ -357,17 +366,6 @@ def _keep_nic(nic: dict, kind: str, r) -> None:
     nic[(kind,)] = max(f, nic.get((kind,), 0.0))
     if kind == "step" and r.op != "all-gather":
         nic[("dp", step_stream(r))] = max(f, nic.get(("dp", step_stream(r)), 0.0))
-
-
-def nccl_sm_share(cluster):
-    """row -> fraction of ``cluster.gpu``'s SMs the row's NCCL kernel holds while it runs:
-    ``fabric.nccl_channels / gpu.sms`` for collectives on the node's GPU fabric (path
-    ``nvlink``), 0 for the rest (NIC paths: channel counts not in the catalog) and where the
-    catalog gives no channel count. NCCL runs one thread block per channel, each resident on
-    one SM for the whole collective (NVIDIA/nccl-tests issue #100: 24 channels on an HGX A100,
-    108 SMs: 22%)."""
-    f = cluster.node.fabric.nccl_channels / cluster.gpu.sms
-    return lambda row: f if row.path.kind == "nvlink" else 0.0
 
 
 #: Parameter modules of torch's layer (separate Q, K, V and gate projections) in the piece that

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.comm.deepep import shared_forward_s
+from meshplan.comm.tp_rows import MLA_UP_CADENCES
 from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
@@ -37,7 +39,8 @@ def tp_collectives(w: Workload) -> tuple[str, str]:
 
 
 def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
-           cp_phase: str = "forward", fused: Optional[dict] = None, tp_ops: tuple = (True, 1, 0)) -> None:
+           cp_phase: str = "forward", fused: Optional[dict] = None, tp_ops: tuple = (True, 1, 0),
+           shared: float = 0.0) -> None:
     """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj, SDPA calls
     and ring kernels) seconds under CP, run by
     :func:`~meshplan.schedule.ring_timeline.cp_attention_forward`; ``fused``: the block's async-TP GEMMs
@@ -45,7 +48,9 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
     ``tp_ops``: (opening collective issued, closing ones, routed outputs' all-gathers) of the
     block (:func:`_mlp_tp`): a dense block's one and one; no closing one in op-level AC's
     replay; an MoE block's as the collective table counts them (none without a shared expert
-    where the routed experts issue nothing over tp), the next op waiting for them all."""
+    where the routed experts issue nothing over tp), the next op waiting for them all; ``shared``: the
+    seconds of the block's compute (the shared experts', :func:`meshplan.comm.deepep.shared_forward_s`) run after the EP
+    combine is issued, beside it, before the wait for it."""
     opens, closes, routed = tp_ops
     if fused and cp is None and not ep and ("ag" in fused or ("rs" in fused and closes)):
         _fused_block(s, name, t, phase, fused, bool(closes))
@@ -62,14 +67,17 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
             for _ in range(closes - 1)] if s.ov.tp else []
     tp_ov = [x for x in (pre, post, *more) if x] if s.ov.tp else []
     if cp is None:
-        s.compute(name, t, [] if s.ov.tp else [pre], tp_ov)
+        s.compute(name, t - shared, [] if s.ov.tp else [pre], tp_ov)
     else:
         cp_attention_forward(s, name, cp, cp_phase, [] if s.ov.tp else [pre], tp_ov)
     if ep:  # Megatron-LM's etp reduce-scatter (none without etp rows) before the combine, on one queue;
         # the next op reads its output through the combine, or directly at ep 1 (no combine): the
         # compute waits for both (NVIDIA/Megatron-LM d98e8a6 token_dispatcher.py 824-833)
         rs = s.comm("ep", phase, "reduce-scatter", "etp reduce-scatter", "etp")
-        s.compute(name + " combine wait", 0.0, [rs, s.comm("ep", phase, "all-to-all", "ep combine")])
+        combine = s.comm("ep", phase, "all-to-all", "ep combine")
+        if shared:  # torchtitan's DeepEPMoE: the shared experts beside the combine (comm.deepep.shared_forward_s)
+            s.compute(name + " shared experts (beside the combine)", shared)
+        s.compute(name + " combine wait", 0.0, [rs, combine])
     # torch at etp 1 without SP: the routed outputs of each rank's tokens all-gathered (tp_rows)
     gathered = [s.comm("tp", phase, "all-gather", "tp all-gather (routed outputs)") for _ in range(routed)]
     if gathered or (not s.ov.tp and closes):
@@ -298,6 +306,14 @@ def _qkv_gather(s: StreamSim, phase: str, op: str) -> None:
         s.compute(f"QKV {op} wait", 0.0, [ev])
 
 
+def _mla_up_gathers(s: StreamSim) -> None:
+    """Megatron-LM's ``mla_up_proj`` replay: each latent's tp all-gather (:func:`meshplan.comm.tp_rows.mla_up_rows`),
+    the compute waiting for them before the attention's backward (no row: nothing)."""
+    evs = [e for g in MLA_UP_CADENCES if (e := s.comm("tp", "backward", "all-gather", f"tp {g} all-gather", g))]
+    if evs:
+        s.compute("mla_up_proj replay gathers wait", 0.0, evs)
+
+
 def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
     """Issue one transformer layer's forward on ``s`` (its streams; seconds from ``c``, the
     layer's :class:`Cost`): norms, attention and MLP blocks with their TP/CP/EP collectives and
@@ -319,8 +335,10 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     _slots(s, own, At.BEFORE, Block.MLP)
     _amax_wait(s, c, "mlp", "forward")
     # op-level AC's replay issues no ep all-to-all: the policy saved their outputs (routed_sizes.routed_sizes)
-    _block(s, "mlp", t["mlp"], "forward", ep=moe and (phase == "forward" or s.w.recompute != "op"), fused=f.get("mlp"),
-           tp_ops=_mlp_tp(s.w, moe, phase, scatter_mlp))
+    ep = moe and (phase == "forward" or s.w.recompute != "op")
+    shared = s.of(shared_forward_s, c, phase, recompute) if ep and s.w.shared_beside_combine else 0.0
+    _block(s, "mlp", t["mlp"], "forward", ep=ep, fused=f.get("mlp"), tp_ops=_mlp_tp(s.w, moe, phase, scatter_mlp),
+           shared=shared)
     _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
     _slots(s, own, At.OVERLAPPED)
@@ -383,6 +401,8 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _slots(s, "backward", At.BEFORE, Block.ATTN)
     _amax_wait(s, c, "attn", "backward")
+    if not full:  # Megatron-LM's mla_up_proj replay: its up-projections gather their latents again
+        _mla_up_gathers(s)  # (spec.recompute_modules.mla_up_gathers)
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"], p["sdpa"], p["replay"], p["steps"], p["replay_steps"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
     _qkv_gather(s, "backward", "reduce-scatter")

@@ -64,8 +64,9 @@ def megatron_p2p_syncs_s(plan, s: int, spec) -> float:
     if plan.config.training.framework != "megatron" or not spec.blocking_p2p or spec.overlap_p2p or spec.torch_p2p \
             or plan.config.training.pp_engine == "deepspeed":  # DeepSpeed's p2p.send/recv: no timers
         return 0.0
-    calls = p2p_calls(str(spec.schedule), spec.p, spec.m, spec.v, s)
-    return p2p_sync_cost(plan.config.cluster.gpu, calls, plan.config.training.megatron_core).seconds()
+    core = plan.config.training.megatron_core
+    calls = p2p_calls(str(spec.schedule), spec.p, spec.m, spec.v, s, core)
+    return p2p_sync_cost(plan.config.cluster.gpu, calls, core).seconds()
 
 
 def float8_precompute_s(plan, s: int) -> float:

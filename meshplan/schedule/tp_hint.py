@@ -15,7 +15,7 @@ overlap decomposes the GEMMs it overlaps, and their smaller pieces run slower
 seq 32768, dp_shard 2 x cp 4 x tp 8, full recompute, compiled, global batch 40, exposes 6.03 s of
 tp in a 36.83 s step (16.4%), and async TP hides 2.18 s of it but adds 2.33 s of compute: the
 step is 0.2% shorter, and no hint is shown but a ``note: no tp hint`` line with the re-plan's step
-and why (:func:`silent_note`; ``step --overlap-tp``'s ideal overlap of whole GEMMs, 32.65 s, is a
+and why (:func:`silent_note`; ``step --overlap-tp``'s whole-GEMM overlap, 32.65 s, is a
 bound no runtime reaches).
 """
 

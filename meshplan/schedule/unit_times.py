@@ -38,7 +38,11 @@ class UnitTimes:
     (:attr:`leads`, set by :func:`~meshplan.schedule.window_unshard.simulate_unshards`; infinite,
     the gathers hidden, until then; None for every other pass).
     A chunk whose costs and stage collectives equal an earlier stage's (the middle stages)
-    reuses its timelines: they are pure functions of those inputs, times from the unit start."""
+    reuses its timelines: they are pure functions of those inputs, times from the unit start.
+    Under DeepSpeed ZeRO++ hpZ micro-batch 0's forward units are keyed apart (:attr:`first`, the
+    key's last element) and timed with :meth:`~meshplan.schedule.comm_times.CommTimes.first_microbatch`:
+    their gathers over the whole group and the secondary copies, the later passes' over the
+    secondary group."""
 
     def __init__(self, spec: PipelineSpec, chunks, comms, w, ov, reshard: bool, fsdp: bool,
                  accumulation: str = "sync", reshard_root: bool = False, window: int = 0):
@@ -49,6 +53,7 @@ class UnitTimes:
         # stage -> ((chunk, kind, mb), i, b) of its UNSHARDs (window_unshard); -> (chunk, kind, mb) -> lead seconds
         self.unshards: dict = {}
         self.leads: dict = {}
+        self.first = any(c.first for c in comms)  # hpZ: micro-batch 0's forward timed apart
         # each stage's chunk whose last gradient unit is the stage's last unit (its FSDP reduce,
         # torch's perform_reduce_grad, is then the stage's tail; rank_timeline.backward_unit)
         self.final = {s: stage_order(spec.schedule, spec.p, spec.m, spec.v, s)[-1].chunk
@@ -72,12 +77,12 @@ class UnitTimes:
         else:
             gather = (True, True)
         lead = self.leads[s].get((chunk, kind, mb)) if s in self.leads and kind != "W" else None
-        return (s, chunk, kind, last, gather, last or not self.flags, lead)
+        return (s, chunk, kind, last, gather, last or not self.flags, lead, self.first and kind == "F" and mb == 0)
 
     def by_key(self, k: tuple) -> UnitSim:
         if k not in self.cache:
             s, chunk, kind = k[0], k[1], k[2]
-            ch, comm = self.chunks[s][chunk], self.comms[s]
+            ch, comm = self.chunks[s][chunk], self.comms[s].first_microbatch() if k[7] else self.comms[s]
             stage_last = self.final.get(s, 0) == chunk
             twins = self.shared.setdefault(k[2:] + (stage_last,), [])
             sim = next((x for c, m, x in twins if c == ch and m == comm), None)
@@ -123,20 +128,25 @@ class UnitTimes:
         if self.flags:
             gl, gr, red = self._flag_arrays(f, last)
         vals, lead = self._lead_ids(f)
-        code = f.stage  # (((((stage v + chunk) 3 + kind) 2 + last) 2 + gl) 4 + 2 gr + red) leads + lead, in place
-        for mul, x in ((sp.v, f.chunk), (len(KINDS), f.kind), (2, last), (2, gl), (2, gr), (2, red), (len(vals), lead)):
+        first: "int | np.ndarray" = ((f.kind == KINDS.index("F")) & (f.mb == 0)).astype(np.int64) if self.first else 0
+        # ((((((stage v + chunk) 3 + kind) 2 + last) 2 + gl) 4 + 2 gr + red) leads + lead) 2 + first, in place
+        code = f.stage
+        for mul, x in ((sp.v, f.chunk), (len(KINDS), f.kind), (2, last), (2, gl), (2, gr), (2, red), (len(vals), lead),
+                       (2, first)):
             code *= mul
             code += x
         uniq, inv = _unique_small(code)
         keys = []
         for c in uniq.tolist():
+            first_, c = bool(c & 1), c >> 1
             lead_, c = vals[c % len(vals)], c // len(vals)
             red_, gr_, gl_ = c & 1, (c >> 1) & 1, (c >> 2) & 1
             c >>= 3
             last_ = c & 1
             c >>= 1
             kind, c = c % len(KINDS), c // len(KINDS)
-            keys.append((c // sp.v, c % sp.v, KINDS[kind], bool(last_), (bool(gl_), bool(gr_)), bool(red_), lead_))
+            keys.append((c // sp.v, c % sp.v, KINDS[kind], bool(last_), (bool(gl_), bool(gr_)), bool(red_), lead_,
+                         first_))
         return keys, inv
 
     def _lead_ids(self, f: Flat) -> tuple[list, "int | np.ndarray"]:
@@ -157,7 +167,7 @@ class UnitTimes:
 
 def _unique_small(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(code, return_inverse=True)`` for non-negative integer codes below a small
-    bound (here p v 96: stage, chunk and flag bits), by a table of the codes present instead of
+    bound (here p v 192 x leads: stage, chunk and flag bits), by a table of the codes present instead of
     a sort of every unit (10^6 units at pp 128 x 4,096 micro-batches).
 
     >>> [a.tolist() for a in _unique_small(np.array([5, 2, 5, 0]))]

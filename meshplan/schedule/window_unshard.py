@@ -110,7 +110,7 @@ def _queued(units) -> list[tuple[int, tuple, int, int, float, float]]:
         ahead: dict = {}
         for (chunk, kind, mb), i, b in got:
             k = units.key(s, chunk, kind, mb)
-            own = units.by_key(k[:6] + (0.0,)).duration_s - units.by_key(k).duration_s
+            own = units.by_key(k[:6] + (0.0,) + k[7:]).duration_s - units.by_key(k).duration_s
             out.append((s, (chunk, kind, mb), i, b, ahead.get(i, 0.0), own))
             ahead[i] = ahead.get(i, 0.0) + own
     return out

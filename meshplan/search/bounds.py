@@ -63,7 +63,7 @@ from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.gather_passes import chunks_held
 from meshplan.search.layer_replays import kept_in_flight
-from meshplan.search.buffer_bounds import bucket_bytes, hpz_bytes, ipg_bytes
+from meshplan.search.buffer_bounds import bucket_bytes, hpz_bytes, ipg_bytes, userbuffers_bytes
 from meshplan.search.memory import Stages, Tables, comm_axes, deepep_bytes, lookup, split
 from meshplan.search.candidate import accumulates
 from meshplan.search.columns import LAYER_AC_FREQ, SHARDING, Candidates, bound_recompute
@@ -101,7 +101,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     lo["kept"] = np.maximum(kept - lo["saved"], 0)
     hi = {f: pick(*by["hi"][f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
     fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(ipg_bytes(cfg, c)) + deepep_bytes(cfg, c, st) \
-        + hpz_bytes(cfg, c, s)
+        + hpz_bytes(cfg, c, s) + col(userbuffers_bytes(cfg, c))
     opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
     at_step = s["total"] + fixed + opt_temp
     # a unit without FSDP-sharded dense parameters never allocates its share of the dense
@@ -300,7 +300,11 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     phase = np.maximum(phase, fwd)
     phase = np.maximum(phase, hs["dy"] + hi["rework"] + hi["bwd"])
     fsdp_terms = np.where(F, 2 * u["roots"] + held + accum, bucket_bytes(cfg, c, s))
-    return s["total"] + fixed + acts + fsdp_terms + phase
+    # Megatron Core's data-loader mask, b x s x s B on the end stages through their end chunks' forward
+    # (memory.sizes.batch_mask_bytes): beside any phase at most
+    mask = np.maximum(st.first, st.last) * (c.mb[:, None] * cfg.training.seq_len ** 2) \
+        if cfg.training.core_attention_mask else 0
+    return s["total"] + fixed + acts + fsdp_terms + phase + mask
 
 
 def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:

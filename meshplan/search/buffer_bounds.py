@@ -1,7 +1,7 @@
 """The buffers a rank holds whatever the step does, per search candidate (bytes, numpy arrays over
 the candidates of :class:`meshplan.search.columns.Candidates`, and over their stages where a stage's
 parameters set them): DeepSpeed ZeRO-3's ipg buffer (:func:`ipg_bytes`), ZeRO++ hpZ's secondary
-parameter partition (:func:`hpz_bytes`) and the gradient bucket of the stages without FSDP
+parameter partition (:func:`hpz_bytes`), Transformer Engine's userbuffers (:func:`userbuffers_bytes`) and the gradient bucket of the stages without FSDP
 (:func:`bucket_bytes`), each as :mod:`meshplan.memory.buffers` sizes it for a plan. Read by the
 search's memory bounds (:func:`meshplan.search.bounds.bounds`); split from that module (review rv48:
 past the project's 400 lines).
@@ -13,6 +13,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.memory.buffers import deepspeed3_ipg_bytes
+from meshplan.memory.userbuffers import allocated, ub_bytes
 from meshplan.search.candidate import sharding_training
 from meshplan.search.columns import SHARDING, Candidates
 from meshplan.units import dtype_bytes
@@ -28,15 +29,30 @@ def ipg_bytes(cfg: Config, c: Candidates) -> np.ndarray:
     return np.where(c.sh == SHARDING.index("zero3"), deepspeed3_ipg_bytes(zero3, cfg.memory), 0)
 
 
+def userbuffers_bytes(cfg: Config, c: Candidates) -> np.ndarray:
+    """Transformer Engine's userbuffers, bytes per candidate, held from init
+    (:func:`meshplan.memory.userbuffers.ub_bytes` at the row's micro-batch and cp): under framework
+    megatron on the rows with tp overlap (``ov``, the search's ``tp_comm_overlap``) and tp > 1
+    (sequence parallel there, as the search plans it: :func:`meshplan.memory.userbuffers.allocated`),
+    0 elsewhere."""
+    t = cfg.training
+    if not allocated(t.model_copy(update={"tp_comm_overlap": True}), 2, True):
+        return np.zeros(len(c.tp), dtype=np.int64)
+    on = (c.tp > 1) & (np.asarray(c.ov) > 0)
+    return np.where(on, ub_bytes(t.seq_len, c.mb, c.cp, cfg.model.hidden, t.linear_dtype == "fp8"), 0)
+
+
 def hpz_bytes(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
     """ZeRO++ hpZ's secondary partition, bytes (candidates, stages), held from init
     (:func:`meshplan.memory.buffers.hpz_secondary_bytes` of each stage's parameters on a rank): on the
-    zero3 candidates of a config with ``zero_hpz_partition_size`` above 1, 0 elsewhere."""
+    zero3 candidates whose hpZ g (:attr:`~meshplan.search.columns.Candidates.hz`, None: the config's
+    ``zero_hpz_partition_size``) is above 1, 0 elsewhere."""
     t = cfg.training
-    if t.zero_hpz_partition_size <= 1 or t.searched_zero3_engine != "deepspeed":
+    g = (np.full(len(c), t.zero_hpz_partition_size) if c.hz is None else c.hz)[:, None]
+    if t.searched_zero3_engine != "deepspeed" or not (g > 1).any():
         return np.zeros_like(s["params_numel"])
-    per = -(-s["params_numel"] // t.zero_hpz_partition_size) * dtype_bytes(t.param_dtype)
-    return np.where((c.sh == SHARDING.index("zero3"))[:, None], per, 0)
+    per = -(-s["params_numel"] // g) * dtype_bytes(t.param_dtype)
+    return np.where(((c.sh == SHARDING.index("zero3"))[:, None]) & (g > 1), per, 0)
 
 
 def bucket_bytes(cfg: Config, c: Candidates, s: dict) -> np.ndarray:

@@ -69,9 +69,10 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     """The training fields of candidate ``i`` where a config setting does not apply to it:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
     without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay),
-    ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, and the
+    ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, the
     fields of its sharding (:func:`sharding_knobs`), as
-    :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
+    :class:`~meshplan.spec.training.TrainingSpec` requires of a config, and on a zero3 row under
+    DeepSpeed's ZeRO-3 its hpZ g (:attr:`~meshplan.search.columns.Candidates.hz`)."""
     t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
         out["grad_accumulation"] = "sync"
@@ -79,7 +80,10 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out["fp8_all_gather"] = False
     if t.reshard_head_after_forward and (int(c.sh[i]) not in FSDP_SHARDINGS or not c.rf[i]):
         out["reshard_head_after_forward"] = False  # torchtitan's "always" reshards what FSDP2 shards
-    return out | sharding_knobs(t, SHARDING[c.sh[i]])
+    out |= sharding_knobs(t, SHARDING[c.sh[i]])
+    if c.hz is not None and SHARDING[c.sh[i]] == "zero3" and t.searched_zero3_engine == "deepspeed":
+        out["zero_hpz_partition_size"] = c.hpz(i)
+    return out
 
 
 def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
@@ -99,7 +103,9 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
     zero3 rows under DeepSpeed's engines, with DeepSpeed's gradient dtype), ``overlap_grad_reduce`` /
     ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer flags), and ``pp_engine``
     back to ``framework`` there (DeepSpeed's PipelineEngine runs ZeRO-0/1 only: a Megatron-DeepSpeed
-    ZeRO-2/3 row is ``--no-pipeline-parallel``). The plan's (:func:`candidate_config`) and the memory bound's
+    ZeRO-2/3 row is ``--no-pipeline-parallel``), its zero1 rows under
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_pp_engine` (Megatron-DeepSpeed's: DeepSpeed's
+    PipelineEngine, ``pp_engine = "deepspeed"``, whatever the config's own sharding). The plan's (:func:`candidate_config`) and the memory bound's
     (:func:`meshplan.search.bounds.bounds`, through :func:`sharding_training`).
 
     >>> from meshplan.spec.training import TrainingSpec
@@ -142,6 +148,8 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
         out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
         if t.pp_engine == "deepspeed":  # DeepSpeed's PipelineEngine refuses ZeRO-2/3: such a row runs
             out["pp_engine"] = "framework"  # Megatron-DeepSpeed's --no-pipeline-parallel, pp 1
+    elif t.searched_pp_engine != t.pp_engine:  # Megatron-DeepSpeed's ZeRO-1 rows: GPTModelPipe under
+        out["pp_engine"] = t.searched_pp_engine  # DeepSpeed's PipelineEngine, as its import plans them
     return out
 
 

@@ -72,7 +72,9 @@ class Candidates:
     the dense parameters are not: :attr:`replicated`). ``rd``: ``reshard_after_forward``'s
     default at the row (1/0), :meth:`~meshplan.spec.training.TrainingSpec.reshard_default` of
     its pp under the search's training (:func:`meshplan.search.space.reshard_defaults`: false
-    under torch's FSDP2 with pp > 1); None: true on every row (FSDP2's own default)."""
+    under torch's FSDP2 with pp > 1); None: true on every row (FSDP2's own default). ``hz``: DeepSpeed
+    ZeRO++ hpZ's ``zero_hpz_partition_size`` at the row (:func:`meshplan.search.space.hpz_applies`;
+    1: no secondary partition); None: the config's on every zero3 row."""
 
     pp: np.ndarray
     dpr: np.ndarray
@@ -92,14 +94,19 @@ class Candidates:
     more: Mapping[str, np.ndarray] = field(default_factory=dict)
     moe: bool = False
     rd: Optional[np.ndarray] = None
+    hz: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return int(self.pp.size)
 
     def take(self, idx) -> "Candidates":
-        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("more", "moe", "rd")}
+        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("more", "moe", "rd", "hz")}
         return Candidates(**cols, more={k: v[idx] for k, v in self.more.items()}, moe=self.moe,
-                          rd=None if self.rd is None else self.rd[idx])
+                          rd=None if self.rd is None else self.rd[idx], hz=None if self.hz is None else self.hz[idx])
+
+    def hpz(self, i: int) -> int:
+        """Row ``i``'s hpZ g (:attr:`hz`; 1 where the column is None)."""
+        return 1 if self.hz is None else int(self.hz[i])
 
     def degree(self, column: str) -> np.ndarray:
         """The degree column of a registered axis by its search column name (``tp``,
@@ -189,7 +196,7 @@ class Candidates:
         :func:`meshplan.spec.mesh_words.mesh_text` prints it, a MoE row's expert mesh by
         :func:`~meshplan.spec.mesh_words.with_experts`: ``ep 16 (efsdp 4, etp 1)``), then ``, keep gathered``
         or ``, resharded`` where reshard_after_forward is off the row's default (:meth:`reshard_tag`),
-        ``, tp overlap`` and ``, short end stages`` where they apply;
+        ``, tp overlap``, ``, short end stages`` and ``, hpZ 8`` (:attr:`hz` above 1) where they apply;
         the sharding by :meth:`sharding_word` (``ddp`` for an hsdp row that shards nothing)."""
         names, degs = zip(*((n, int(self.degree(col.column)[i])) for n, col in search_axes()))
         mesh = mesh_text(names, degs, SHARDING[self.sh[i]])
@@ -197,7 +204,8 @@ class Candidates:
             mesh = with_experts(mesh, int(self.ep[i]), int(self.etp[i]), int(self.efsdp[i]))
         tag = self.reshard_tag(i)
         extra = "".join(t for on, t in ((tag, f", {tag}"), (self.ov[i], ", tp overlap"),
-                                         (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
+                                         (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"),
+                                         (self.hpz(i) > 1, f", hpZ {self.hpz(i)}"))
                         if on)
         return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
                 f"{self.sharding_word(i)}{extra}")

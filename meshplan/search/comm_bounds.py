@@ -6,14 +6,18 @@ around each all-gather and reduce-scatter (:func:`fsdp_copies`).
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import numpy as np
 
 from meshplan.comm import deepep, fsdp2
 from meshplan.comm.pp_rows import boundary_seconds
 from meshplan.comm.tp_rows import FLOAT8_AMAX_BYTES
 from meshplan.compute import float8
+from meshplan.compute.asynctp import te_fp8_gathers
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.kernel_fragment import kernel_data
+from meshplan.compute.measured import KernelData
 from meshplan.compute.ops import float8_gemms
 from meshplan.compute.routing import RoutingOptions, a2a_rows, routed_tokens
 from meshplan.config import Config
@@ -75,14 +79,49 @@ def p2p_links_apart(tt: TimeTables, c: Candidates) -> np.ndarray:
 
 def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarray]:
     """Seconds per call of each collective the bound uses, per candidate (sizes of
-    :func:`meshplan.comm.collectives.collective_table`)."""
+    :func:`meshplan.comm.collectives.collective_table`): tp's per layer (:func:`_tp_times`,
+    :func:`_tp_qkv_amax_times`), cp's (:func:`_cp_times`), one pp send/recv (:func:`p2p_bound`),
+    the FSDP units' (:func:`_fsdp_times`) and ep's (:func:`_ep_times`)."""
     m, t = cfg.model, cfg.training
-    cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.fsdp_reduce_dtype)  # the table's FSDP dtypes
+    cd = dtype_bytes(t.compute_dtype)
     sp, seq = c.tp > 1, split(c, Dim.SEQUENCE)  # the sequence as the registered axes divide it
     act = c.mb * (t.seq_len // seq) * m.hidden * cd
+    out = _tp_times(cfg, tt, c, act, seq)
+    out.update(_cp_times(cfg, tt, c))
+    out["p2p"] = p2p_bound(tt, c, act // np.where(sp, c.tp, 1))
+    out.update(_tp_qkv_amax_times(cfg, tt, c, seq))
+    out.update(_fsdp_times(cfg, tt, c))
+    out.update(_ep_times(cfg, tt, c, seq))
+    return out
+
+
+def _tp_times(cfg: Config, tt: TimeTables, c: Candidates, act: np.ndarray, seq: np.ndarray) -> dict[str, np.ndarray]:
+    """tp's per-layer collectives of :func:`comm_times`, seconds per call per candidate, of the
+    layer activations ``act`` (bytes, compute dtype) with the sequence split ``seq`` ways: under SP
+    (tp > 1) the all-gathers ``tp_sp`` and ``tp_ag`` (in float8 under torchao's float8 TP,
+    :func:`meshplan.compute.dtensor_sp.float8_tp`: the contract's, with SP), else the all-reduce
+    ``tp_ar``; ``loss``: the vocab-parallel loss's three all-reduces of one fp32 value per token
+    (:func:`meshplan.comm.tp_rows._loss_rows`)."""
+    m, t = cfg.model, cfg.training
+    cd = dtype_bytes(t.compute_dtype)
+    sp, one = c.tp > 1, np.ones_like(c.tp)
+    # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
+    # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
+    f8 = float8_tp(m, t) or te_fp8_gathers(m, t, True)  # Transformer Engine gathers fp8 too (compute.asynctp)
+    return {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
+            "tp_ag": np.where(sp, coll_times(tt, "all-gather", c.tp, act // cd if f8 else act, one), 0.0),
+            "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
+            "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // seq) * 4, one)}
+
+
+def _cp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarray]:
+    """cp's collectives of :func:`comm_times` per layer, seconds per call per candidate, each over
+    cp ranks tp apart, at the local heads of each candidate's tp
+    (:func:`meshplan.mesh.tpsplit.local_heads`)."""
+    m, t = cfg.model, cfg.training
+    cd = dtype_bytes(t.compute_dtype)
     tps, at = np.unique(c.tp, return_inverse=True)
     heads = np.array([local_heads(m, x)[:2] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
-    one = np.ones_like(c.tp)
     # K and V (MLA: value head dim d_v) at the KV heads; torch's ring attention (training.cp_ring;
     # spec.axes.cp.ring_rows) gathers them at the q heads, and "cp_x" is one fp32 dK/dV shift of the
     # local tokens (0 under all-gather CP)
@@ -94,38 +133,53 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     kv = (at_q if ring else at_kv) * cd
     shift = ring_shift_bytes(at_q, c.cp)
     local = at_kv // c.cp * cd
-    # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
-    # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
+    return {"cp_ag": np.zeros(len(c)) if p2p else coll_times(tt, "all-gather", c.cp, kv, c.tp),
+            "cp_rs": np.zeros(len(c)) if ring or p2p else coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
+            "cp_x": coll_times(tt, "send/recv", c.cp, shift, c.tp) if ring else np.zeros(len(c)),
+            "cp_n": (c.cp - 1) * ring,  # the shifts that run beside a later step (the last: exposed)
+            "cp_kv": coll_times(tt, "send/recv", c.cp, local, c.tp) if p2p else np.zeros(len(c)),
+            "cp_kv2": coll_times(tt, "send/recv", c.cp, 2 * local, c.tp) if p2p else np.zeros(len(c)),
+            # Megatron-LM's all-gather CP: Transformer Engine's gathers and reduce-scatter block, nothing
+            # beside them (fused linear_qkv; schedule.ring_timeline.cp_attention_forward/_backward)
+            "cp_te_ag": np.full(len(c), float(t.framework == "megatron" and not ring and not p2p))}
+
+
+def _tp_qkv_amax_times(cfg: Config, tt: TimeTables, c: Candidates, seq: np.ndarray) -> dict[str, np.ndarray]:
+    """tp's other blocking collectives of :func:`comm_times` per layer, seconds per candidate:
+    Megatron-LM's fused QKV output all-gather and gradient reduce-scatter at tp > kv_heads
+    (``tp_qkv_ag``, ``tp_qkv_rs``, per call) and the float8 amax all-reduces of a dense layer
+    under torchao's float8 TP (``amax_f``, ``amax_b``: all of a layer's forward, backward)."""
+    m, t = cfg.model, cfg.training
+    cd = dtype_bytes(t.compute_dtype)
+    sp, one = c.tp > 1, np.ones_like(c.tp)
     f8 = float8_tp(m, t)
-    out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
-           "tp_ag": np.where(sp, coll_times(tt, "all-gather", c.tp, act // cd if f8 else act, one), 0.0),
-           "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
-           "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // seq) * 4, one),
-           "cp_ag": np.zeros(len(c)) if p2p else coll_times(tt, "all-gather", c.cp, kv, c.tp),
-           "cp_rs": np.zeros(len(c)) if ring or p2p else coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
-           "cp_x": coll_times(tt, "send/recv", c.cp, shift, c.tp) if ring else np.zeros(len(c)),
-           "cp_n": (c.cp - 1) * ring,  # the shifts that run beside a later step (the last: exposed)
-           "cp_kv": coll_times(tt, "send/recv", c.cp, local, c.tp) if p2p else np.zeros(len(c)),
-           "cp_kv2": coll_times(tt, "send/recv", c.cp, 2 * local, c.tp) if p2p else np.zeros(len(c)),
-           # Megatron-LM's all-gather CP: Transformer Engine's gathers and reduce-scatter block, nothing
-           # beside them (fused linear_qkv; schedule.ring_timeline.cp_attention_forward/_backward)
-           "cp_te_ag": np.full(len(c), float(t.framework == "megatron" and not ring and not p2p)),
-           "p2p": p2p_bound(tt, c, act // np.where(sp, c.tp, 1))}
     # framework megatron at tp > kv_heads: the fused QKV output's all-gather (forward) and its
     # gradient's reduce-scatter (backward), blocking, once per layer (tp_rows.qkv_gather_rows)
     qkv = qkv_gathered(t.framework, c.tp, m.n_kv_heads) & (not m.is_mla)
     qkv_b = qkv_gather_numel(m, c.mb, t.seq_len, seq) * cd
-    out.update(tp_qkv_ag=np.where(qkv, coll_times(tt, "all-gather", c.tp, qkv_b, one), 0.0),
-               tp_qkv_rs=np.where(qkv, coll_times(tt, "reduce-scatter", c.tp, qkv_b, one), 0.0))
+    out = {"tp_qkv_ag": np.where(qkv, coll_times(tt, "all-gather", c.tp, qkv_b, one), 0.0),
+           "tp_qkv_rs": np.where(qkv, coll_times(tt, "reduce-scatter", c.tp, qkv_b, one), 0.0)}
     # the tp all-reduces of the float8 amaxes of a dense layer under torchao's float8 TP, blocking
     # (tp_rows._float8_amax_rows); forward counted as with fp8_all_gather (the fewer: 4 for
     # Llama against 11), as the candidates without FSDP plan it off
-    names = float8_gemms(m, t).get("float8_gemms", frozenset()) if f8 else frozenset()
+    names = float8_gemms(m, t).get("float8_gemms", frozenset()) if float8_tp(m, t) else frozenset()
     n_f, n_b = float8.tp_amax_per_layer(names, True)
     amax = np.where(sp, coll_times(tt, "all-reduce", c.tp, one * FLOAT8_AMAX_BYTES, one), 0.0)
     out.update(amax_f=n_f * amax, amax_b=n_b * amax)
+    return out
+
+
+def _fsdp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarray]:
+    """The FSDP units' collectives of :func:`comm_times`, seconds per call per candidate (0 without
+    zero3 or hsdp): a dense layer unit's all-gather (``fsdp_ag``) and reduce-scatter
+    (``fsdp_rs``), the ``[norm, output]`` unit's (``head_rs``, ``head_ag``), HSDP's all-reduce
+    over dp_replicate (``hsdp_ar``) and the routed experts' unit's all-gather over efsdp
+    (``efsdp_ag``)."""
+    m, t = cfg.model, cfg.training
+    cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.fsdp_reduce_dtype)  # the table's FSDP dtypes
     on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
     unit = _padded_unit(tt.tables, c)
+    out = {}
     # each weight in its gather dtype (training.gather_dtype: float8 Linear weights under
     # fp8_all_gather), as the collective table sizes the unit's all-gather
     out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, _padded_unit(tt.tables, c, gather=True), c.tp),
@@ -140,10 +194,11 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     head_g = lookup([c.tp], lambda tp: {"b": sum(tt.tables.roots_gather(tp)[k] for k in ("norm", "out"))}, ("b",))["b"]
     out["head_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, head_g, c.tp), 0.0)
     # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
-    if zeropp_keys_set(t) and t.searched_zero3_engine == "deepspeed":
+    hpz = np.zeros(len(c), dtype=bool) if c.hz is None else c.hz > 1  # the search's hpZ rows (space.hpz_applies)
+    if (zeropp_keys_set(t) or hpz.any()) and t.searched_zero3_engine == "deepspeed":
         # ZeRO++ (comm.zeropp_rows) moves the zero3 rows' gathers and reductions onto other groups and
         # dtypes: their seconds here are no lower bound of its, so none is counted (a looser bound)
-        z3 = c.sh == SHARDING.index("zero3")
+        z3 = (c.sh == SHARDING.index("zero3")) & (hpz | bool(zeropp_keys_set(t)))
         for k in ("fsdp_ag", "fsdp_rs", "head_rs", "head_ag"):
             out[k] = np.where(z3, 0.0, out[k])
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
@@ -154,6 +209,17 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     apart = experts_apart_degrees(c.ep, c.efsdp, c.fsdp)
     out["efsdp_ag"] = np.where(on & apart, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
                                               c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
+    return out
+
+
+def _ep_times(cfg: Config, tt: TimeTables, c: Candidates, seq: np.ndarray) -> dict[str, np.ndarray]:
+    """ep's collectives of :func:`comm_times` per MoE layer, seconds per call per candidate (0 for
+    a dense model): the dispatch's (``ep``) and the combine's (``ep_out``), DeepEP's call or the
+    all-to-all with Megatron-LM's etp all-gather or reduce-scatter; ``moe_mlp_tp``: 1 where an MoE
+    layer's MLP block opens and closes with the tp collectives, else 0."""
+    m, t = cfg.model, cfg.training
+    cd = dtype_bytes(t.compute_dtype)
+    out = {}
     tokens, gathered = routed_tokens(c.mb * (t.seq_len // seq), c.tp, c.etp, t.framework)  # as comm.ep_rows
     zero = np.zeros(len(c))
     if m.is_moe and t.moe_dispatcher == "deepep":  # DeepEP's dispatch, the collective table's one call
@@ -243,44 +309,71 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
      'head_out': 707.5, 'head_in': 1061.3, 'e_out': 0.0, 'e_in': 0.0}
     """
     m, t, gpu = cfg.model, cfg.training, cfg.cluster.gpu
-    data, hbm = kernel_data(gpu), gpu.hbm_bandwidth_bytes_per_s
-    grad_b, red_b = fsdp2.copy_in_element_bytes(t)  # unsharded gradients, reduce-scatter input
+    rates = _CopyRates(kernel_data(gpu), gpu.hbm_bandwidth_bytes_per_s, *fsdp2.copy_in_element_bytes(t))
     kinds = [1] if m.is_moe and m.dense_layers == 0 else [0, 1] if m.is_moe else [0]
-
-    def layer(tp: int, ep: int, etp: int, shards: int) -> dict[str, float]:
-        out, inn = [], []
-        for moe in kinds:
-            ts = [x for x in tables.layer(tp, ep, etp, moe).tensors if not x[2]]
-            out.append(fsdp2.copy_out_seconds(sum(padded_numel(r, n, shards) * gb for r, n, _, gb, _ in ts), data, hbm))
-            inn.append(fsdp2.copy_in_seconds(sum(padded_numel(r, n, shards) for r, n, *_ in ts), grad_b, red_b,
-                                             data, hbm))
-        return {"out": min(out), "in": min(inn)}
-
-    def root(tp: int) -> dict[str, float]:
-        emb, norm, out = tables.roots(tp)[:3]
-        g = tables.roots_gather(tp)
-        tied = m.tied_embeddings
-        out_of = lambda gathered, numel: {"out": fsdp2.copy_out_seconds(gathered, data, hbm),
-                                          "in": fsdp2.copy_in_seconds(numel, grad_b, red_b, data, hbm)}
-        one, e, h = out_of(g["emb"] + g["norm"] + (0 if tied else g["out"]), emb + norm + (0 if tied else out)), \
-            out_of(g["emb"], emb), out_of(g["norm"] + g["out"], norm + out)  # under pp the head holds its own copy
-        return {"root_out": one["out"], "root_in": one["in"], "emb_out": e["out"], "emb_in": e["in"],
-                "head_out": h["out"], "head_in": h["in"]}
-
-    def experts(tp: int, ep: int, etp: int) -> dict[str, float]:
-        # a MoE layer's routed experts, their own unit over efsdp: unpadded elements (the table
-        # pads each expert tensor on the dim it shards, so never more than its bytes)
-        ts = [x for x in tables.layer(tp, ep, etp, 1).tensors if x[2]] if m.is_moe else []
-        return {"e_out": fsdp2.copy_out_seconds(sum(n * gb for _, n, _, gb, _ in ts), data, hbm),
-                "e_in": fsdp2.copy_in_seconds(sum(n for _, n, *_ in ts), grad_b, red_b, data, hbm)}
-
     fsdp2_on = (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3"))
                                                    & (t.searched_zero3_engine == "fsdp2"))
     # Megatron FSDP: none (meshplan.comm.fsdp2); hsdp candidates run FSDP2 whatever zero3_engine says
     fsdp2_on &= fsdp2.compute_stream_copies(t.model_copy(update={"zero3_engine": "fsdp2"}))
     on = fsdp2_on & (c.fsdp > 1)
-    lay = lookup([c.tp, c.ep, c.etp, c.fsdp], layer, ("out", "in"), dtype=np.float64)
-    rt = lookup([c.tp], root, ("root_out", "root_in", "emb_out", "emb_in", "head_out", "head_in"), dtype=np.float64)
-    ex = lookup([c.tp, c.ep, c.etp], experts, ("e_out", "e_in"), dtype=np.float64)
+    lay = lookup([c.tp, c.ep, c.etp, c.fsdp], lambda *k: _layer_copies(tables, kinds, rates, *k), ("out", "in"),
+                 dtype=np.float64)
+    rt = lookup([c.tp], lambda tp: _root_copies(tables, m.tied_embeddings, rates, tp),
+                ("root_out", "root_in", "emb_out", "emb_in", "head_out", "head_in"), dtype=np.float64)
+    ex = lookup([c.tp, c.ep, c.etp], lambda *k: _expert_copies(tables, m.is_moe, rates, *k), ("e_out", "e_in"),
+                dtype=np.float64)
     return {**{k: np.where(on, v, 0.0) for k, v in {**lay, **rt}.items()},
             **{k: np.where(fsdp2_on & (c.efsdp > 1), v, 0.0) for k, v in ex.items()}}
+
+
+class _CopyRates(NamedTuple):
+    """What FSDP2's copies are timed with (:func:`meshplan.comm.fsdp2.copy_out_seconds`,
+    :func:`~meshplan.comm.fsdp2.copy_in_seconds`): the GPU's kernel data, its HBM datasheet
+    bandwidth (bytes/s), and the bytes per element the copy-in reads (the unsharded gradient) and
+    writes (the reduce-scatter input) (:func:`~meshplan.comm.fsdp2.copy_in_element_bytes`)."""
+
+    data: Optional[KernelData]
+    hbm_bytes_per_s: float
+    grad_bytes: int
+    reduce_bytes: int
+
+
+def _layer_copies(tables: Tables, kinds: list[int], r: _CopyRates, tp: int, ep: int, etp: int,
+                  shards: int) -> dict[str, float]:
+    """:func:`fsdp_copies`' ``out`` and ``in`` of one layer unit at (tp, ep, etp) over ``shards``
+    ranks: the smaller over the layer ``kinds`` (0 dense, 1 MoE: its non-expert part), dim 0
+    padded to the shard degree."""
+    out, inn = [], []
+    for moe in kinds:
+        ts = [x for x in tables.layer(tp, ep, etp, moe).tensors if not x[2]]
+        out.append(fsdp2.copy_out_seconds(sum(padded_numel(r_, n, shards) * gb for r_, n, _, gb, _ in ts), r.data,
+                                          r.hbm_bytes_per_s))
+        inn.append(fsdp2.copy_in_seconds(sum(padded_numel(r_, n, shards) for r_, n, *_ in ts), r.grad_bytes,
+                                         r.reduce_bytes, r.data, r.hbm_bytes_per_s))
+    return {"out": min(out), "in": min(inn)}
+
+
+def _root_copies(tables: Tables, tied: bool, r: _CopyRates, tp: int) -> dict[str, float]:
+    """:func:`fsdp_copies`' copies of the end units at ``tp``: pp 1's one root unit (embedding,
+    final norm, output layer unless ``tied`` to the embedding), the embedding's and the ``[norm,
+    output]`` unit's apart (under pp the head holds its own copy); unpadded."""
+    emb, norm, out = tables.roots(tp)[:3]
+    g = tables.roots_gather(tp)
+
+    def out_of(gathered, numel):
+        return {"out": fsdp2.copy_out_seconds(gathered, r.data, r.hbm_bytes_per_s),
+                "in": fsdp2.copy_in_seconds(numel, r.grad_bytes, r.reduce_bytes, r.data, r.hbm_bytes_per_s)}
+    one, e, h = out_of(g["emb"] + g["norm"] + (0 if tied else g["out"]), emb + norm + (0 if tied else out)), \
+        out_of(g["emb"], emb), out_of(g["norm"] + g["out"], norm + out)  # under pp the head holds its own copy
+    return {"root_out": one["out"], "root_in": one["in"], "emb_out": e["out"], "emb_in": e["in"],
+            "head_out": h["out"], "head_in": h["in"]}
+
+
+def _expert_copies(tables: Tables, moe: bool, r: _CopyRates, tp: int, ep: int, etp: int) -> dict[str, float]:
+    """:func:`fsdp_copies`' ``e_out`` and ``e_in``: a MoE layer's routed experts, their own unit
+    over efsdp: unpadded elements (the table pads each expert tensor on the dim it shards, so never
+    more than its bytes); 0 for a dense model (``moe`` False)."""
+    ts = [x for x in tables.layer(tp, ep, etp, 1).tensors if x[2]] if moe else []
+    return {"e_out": fsdp2.copy_out_seconds(sum(n * gb for _, n, _, gb, _ in ts), r.data, r.hbm_bytes_per_s),
+            "e_in": fsdp2.copy_in_seconds(sum(n for _, n, *_ in ts), r.grad_bytes, r.reduce_bytes, r.data,
+                                          r.hbm_bytes_per_s)}

@@ -183,8 +183,9 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
     want |= {"mb": t.micro_batch, "rc": RECOMPUTE.index(t.recompute),
              "vpp": spec.virtual_stages, "sh": SHARDING.index(t.sharding), "ov": int(t.tp_comm_overlap),
              "ps": PIPELINE.index(str(spec.pp_schedule)) if str(spec.pp_schedule) in PIPELINE[1:] else 0}
-    words |= {"mb": "micro_batch", "rc": "recompute", "vpp": "virtual_stages", "sh": "sharding",
-              "ov": "tp_comm_overlap", "ps": "pp_schedule", "rf": "reshard_after_forward", "us": "pp_layer_split"}
+    want |= {"hz": t.zero_hpz_partition_size if t.knob_acts("zero_hpz_partition_size")[0] else 1} if c.hz is not None else {}
+    words |= {"mb": "micro_batch", "rc": "recompute", "vpp": "virtual_stages", "sh": "sharding", "ov": "tp_comm_overlap",
+              "ps": "pp_schedule", "rf": "reshard_after_forward", "us": "pp_layer_split", "hz": "zero_hpz_partition_size"}
     sel = np.ones(len(c), bool)
     for key, value in want.items():
         col = c.degree(key) if key in c.more else getattr(c, key)
@@ -192,8 +193,8 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
         if not now.any():
             return _op_limit(cfg, mesh, key, value) or _absent(words[key], key, value, np.unique(col[sel]))
         sel = now
-    # reshard_after_forward unset (resolved at pp above) where the search does not vary it (nothing FSDP-sharded
-    # over a data axis, the rows' neutral true): it changes nothing gathered, so any row's value is this run's
+    # reshard_after_forward unset (resolved at pp above) where the search does not vary it (nothing FSDP-sharded over
+    # a data axis, the rows' neutral true): it changes nothing gathered, so any row's value is this run's
     unset = "reshard_after_forward" not in t.model_fields_set
     acts = fsdp & (c.reshard_varied | (not unset))
     rf = np.where(acts, int(t.reshard_after_forward), c.rf)
@@ -208,17 +209,15 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
 
 def _op_limit(cfg: Config, mesh: Mesh, key: str, value: int) -> Optional[str]:
     """Why recompute "op", which ``[search] recompute`` lists, is not searched at ``mesh``: the search
-    plans it only at tp = cp = ep = 1 without MLA (:func:`meshplan.search.space_recompute.op_recompute_ok`); None
+    plans it only at tp = cp = 1 (:func:`meshplan.search.space_recompute.op_recompute_ok`); None
     for another column or value, or where that is not the reason."""
     if key != "rc" or RECOMPUTE[value] != "op" or "op" not in searched_recompute(cfg):
         return None
-    over = [f"{n} {mesh.degree(n) if n != 'ep' else mesh.ep}" for n in ("tp", "cp", "ep")
-            if (mesh.degree(n) if n != "ep" else mesh.ep) > 1]
-    if not over and not cfg.model.is_mla:
+    over = [f"{n} {mesh.degree(n)}" for n in ("tp", "cp") if mesh.degree(n) > 1]
+    if not over:
         return None
-    has = ", ".join(over) if over else "multi-head latent attention"
-    return (f"recompute op is searched only at tp = cp = ep = 1 without multi-head latent attention (its "
-            f"step-time bound does not hold otherwise); this mesh has {has}")
+    return (f"recompute op is searched only at tp = cp = 1 (its step-time bound is not checked otherwise); this "
+            f"mesh has {', '.join(over)}")
 
 
 def _absent(word: str, key: str, value: int, searched) -> str:
@@ -226,8 +225,9 @@ def _absent(word: str, key: str, value: int, searched) -> str:
     name = {"rc": RECOMPUTE, "sh": SHARDING, "ps": PIPELINE}.get(key)
     show = (lambda v: name[v] if 0 <= v < len(name) else "?") if name else str
     table = {"mb": "micro_batch", "rc": "recompute", "sh": "sharding", "vpp": "vpp"}.get(key, word)
+    widen = "hpZ is searched where the data axis is the world" if key == "hz" else f"widen [search] {table}"  # space.hpz_applies
     return (f"{word} {show(int(value))} is not searched (searched with the rest of the mesh: "
-            f"{'/'.join(show(int(v)) for v in searched)}; widen [search] {table})")
+            f"{'/'.join(show(int(v)) for v in searched)}; {widen})")
 
 
 def _differs(cfg: Config, a: MeshSpec, row: Config) -> Optional[str]:

@@ -252,6 +252,7 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
     out.update(vpp=int(c.vpp[i]), micro_batch=int(c.mb[i]), m=cfg.training.global_batch // int(c.mb[i] * c.dp[i]),
                recompute=RECOMPUTE[c.rc[i]], sharding=SHARDING[c.sh[i]], gemm_efficiency=float(est.gemm[i]),
                reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]), layer_passes=e.layer_passes,
+               zero_hpz_partition_size=c.hpz(i),
                stage_flops=e.stage_flops, compute_split=e.compute_split,
                copies_s=(e.compute_split or {}).get(SPLIT_PARTS[2]),
                kernels_s=e.kernels_s,

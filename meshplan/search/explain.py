@@ -330,6 +330,8 @@ def _context(part: str, a: dict, b: dict) -> str:
     'dp_replicate 1 vs 2, dp_shard 64 vs 32, sharding zero3 vs hsdp'
     >>> _context("exposed fsdp", a, {**b, "dp_shard": 64, "cp": 2, "dp_replicate": 1})
     'cp 1 vs 2, sharding zero3 vs hsdp'
+    >>> _context("exposed fsdp", {**a, "zero_hpz_partition_size": 8}, {**a, "zero_hpz_partition_size": 1})
+    'zero_hpz_partition_size 8 vs 1'
     """
     if part == "bubble":
         keys = [("pp", "{}"), ("vpp", "{}"), ("m", "{}")]
@@ -343,7 +345,7 @@ def _context(part: str, a: dict, b: dict) -> str:
         axes = ["dp_replicate", "dp_shard", "cp"] if part in ("exposed dp", "exposed dp_replicate") else \
             ["dp_shard", "cp", "dp_replicate"]
         keys = [(k, "{}") for k in axes] + [("sharding", "{}"), ("reshard_after_forward", "{}"),
-                                             ("micro_batch", "{}")]
+                                             ("zero_hpz_partition_size", "{}"), ("micro_batch", "{}")]
     elif part == "exposed cp":
         keys = [("cp", "{}")]
     elif part == "exposed ep":

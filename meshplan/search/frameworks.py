@@ -201,7 +201,10 @@ def _user_search(cfg: Config) -> SearchOptions:
 def framework_config(cfg: Config, name: str, keep_mesh: bool = True) -> Config:
     """``cfg`` under framework ``name`` (:data:`FRAMEWORKS`): its ``[training]`` keys set, its
     ``[search]`` lists narrowed to what the framework runs (a list the config narrowed is kept
-    where the framework allows some of it; none allowed: a ConfigError naming the key); a key the
+    where the framework allows some of it; none allowed: a ConfigError naming the key); under
+    ``megatron_deepspeed`` a ZeRO-0/1 config runs DeepSpeed's PipelineEngine (``pp_engine =
+    "deepspeed"``, what its import sets without ``--no-pipeline-parallel``; its searched zero1 rows
+    too, whatever the config's sharding: :attr:`~meshplan.spec.training.TrainingSpec.searched_pp_engine`); a key the
     framework refuses (a Megatron-LM flag under torch) is the training's one-line error, naming the
     framework. ``keep_mesh`` False: without the config's ``[mesh]`` (a cross-framework search ranks
     no mesh of one framework's)."""
@@ -210,6 +213,8 @@ def framework_config(cfg: Config, name: str, keep_mesh: bool = True) -> Config:
     keys = {k: v for k, v in _given_keys(cfg.training).items() if k not in drop} | f.training
     if "zero3_engine" in f.training and f.training["zero3_engine"] == "deepspeed":
         keys |= _ds_engine(cfg.training.sharding)
+        if f.training["framework"] == "megatron" and cfg.training.sharding in ("none", "zero1"):
+            keys["pp_engine"] = "deepspeed"  # GPTModelPipe under the PipelineEngine, as its import sets it
     try:
         training = build(TrainingSpec, keys, "training")
     except ConfigError as e:

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from meshplan.compute.ops import framework_kernels
 from meshplan.config import Config
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS
 from meshplan.schedule import workload  # its dtensor_host_s through the module: one home, one override
@@ -39,14 +40,18 @@ def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str
     return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_peak_s", "head_gemm_s"), dtype=np.float64)
 
 
-def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarray = False) -> tuple[np.ndarray, np.ndarray]:
+def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarray = False,
+           shared_beside: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) chain of one layer, seconds (module docstring). ``serial`` (per
     candidate): a block's input-gradient TP collective is issued after its weight gradients and
     the next block waits for it (layer_timeline._block_backward without ``Overlap.tp`` or
     ``tp_grad``: torch, with or without tp_comm_overlap), so the two add up; otherwise the collective may
     run beside the weight gradients (the larger of the two). An MoE layer's MLP block opens and
     closes with the tp collectives only where ``cm["moe_mlp_tp"]`` (1/0 per candidate,
-    :func:`~meshplan.search.comm_bounds.comm_times`: as the rank timeline issues them)."""
+    :func:`~meshplan.search.comm_bounds.comm_times`: as the rank timeline issues them). ``shared_beside``: the
+    shared experts run beside the forward's EP combine (torchtitan's DeepEPMoE,
+    :func:`meshplan.comm.deepep.shared_forward_s`): the block lasts ``(mlp - shared) + max(shared,
+    combine)``, at least ``max(mlp, combine)``, which stands for ``mlp + combine``."""
     pre, post = cm["tp_ag"], np.maximum(cm["tp_sp"], cm["tp_ar"])
     pre_mlp, post_mlp_tp = (pre * cm["moe_mlp_tp"], post * cm["moe_mlp_tp"]) if moe else (pre, post)
     # the EP calls before the expert GEMMs (dispatch, etp all-gather) and after them (etp
@@ -68,20 +73,21 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     te_ag = cm.get("cp_te_ag", 0.0)  # Megatron-LM's all-gather CP: no Q projection apart, TE's gathers exposed
     p2p = lambda send, step, k: k * np.maximum(send - step, 0.0)
 
-    def forward(p, post_mlp=post_mlp_tp):
+    def forward(p, post_mlp=post_mlp_tp, post_attn=post, ep_in=e, ep_out=e_out):
         # CP: the K/V all-gather starts after the K/V projection and the core attention waits
         # for it; only the Q projection runs beside it (the ring: only its first SDPA step; TE's: nothing)
         attn = (o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - np.where(ring, o[f"{p}_cps"], o[f"{p}_cpq"] * (1 - te_ag)), 0.0)
                 + p2p(kv, o[f"{p}_cps"], n))
-        blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
-                    + o[f"{p}_mlp_pre"] + pre_mlp + e + o[f"{p}_mlp"] + e_out + post_mlp + o[f"{p}_mlp_post"])
+        mlp_out = np.maximum(o[f"{p}_mlp"], ep_out) if shared_beside else o[f"{p}_mlp"] + ep_out
+        blocking = (o[f"{p}_attn_pre"] + pre + attn + post_attn + o[f"{p}_attn_post"]
+                    + o[f"{p}_mlp_pre"] + pre_mlp + ep_in + mlp_out + post_mlp + o[f"{p}_mlp_post"])
         # tp_comm_overlap: a block's TP collectives run under its GEMMs, decomposed into pieces
         # (compute.asynctp: each fused op lasts at least its collective and its pieces' GEMMs,
         # at least the whole GEMM's), so the block lasts at least both; the EP combine is issued
         # after the block's compute and still blocks
-        overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post)
-                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre_mlp + post_mlp) + e_out
-                      + o[f"{p}_mlp_post"])
+        mlp_tp = np.maximum(o[f"{p}_mlp"], pre_mlp + post_mlp)
+        overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post_attn) + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"]
+                      + (np.maximum(mlp_tp, ep_out) if shared_beside else mlp_tp + ep_out) + o[f"{p}_mlp_post"])
         return np.where(c.ov > 0, overlapped, blocking) + amax_f + qkv_ag
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
     full = (c.rc == RECOMPUTE.index("full")) | (c.rc == RECOMPUTE.index("op"))
@@ -106,8 +112,11 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
             + gathered("attn") + cp_b + beside(o["bw_attn"], post)
             + b["attn_pre"] + qkv_rs)
     # torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters); the
-    # candidates of one search share the framework, which ``serial`` carries (torch: all True)
-    replay = forward("br", np.where(serial, 0.0, post_mlp_tp))
+    # candidates of one search share the framework, which ``serial`` carries (torch: all True).
+    # op-level AC's replay issues neither block's closing TP collective nor the EP all-to-alls
+    # (their outputs saved: layer_timeline.replay_scatters, forward_layer), only the TP all-gathers
+    op = c.rc == RECOMPUTE.index("op")
+    replay = np.where(op, forward("br", 0.0, 0.0, 0.0, 0.0), forward("br", np.where(serial, 0.0, post_mlp_tp)))
     return forward("f"), back + np.where(full, replay, 0.0)
 
 
@@ -123,8 +132,9 @@ def stage_chains(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dic
     if not cfg.model.is_moe:
         return col(fd), col(bd)
     om = layer_ops(cfg, tt, c, True)
-    fm, bm = chains(c, om, cm, True, serial)
-    f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c)), "ep_out": np.zeros(len(c))}, True, serial)
+    shared = framework_kernels(cfg.training)["shared_beside_combine"]  # the timeline's one rule
+    fm, bm = chains(c, om, cm, True, serial, shared)
+    f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c)), "ep_out": np.zeros(len(c))}, True, serial, shared)
     # a stage's collective table may be stage 0's (step_time's older convention for the
     # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
     ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)

@@ -279,7 +279,7 @@ def _ceil_div(a, b):
 def _kind_bytes(t) -> dict[str, int]:
     """Bytes per element of each state kind (:mod:`meshplan.memory.state`)."""
     return {"params": dtype_bytes(t.param_dtype), "grads": dtype_bytes(t.grad_dtype),
-            "master": 4 if t.keeps_master else 0, "optimizer": t.optimizer_states * dtype_bytes(t.optimizer_dtype)}
+            "master": t.master_bytes, "optimizer": t.optimizer_states * dtype_bytes(t.optimizer_dtype)}
 
 
 def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, np.ndarray]:

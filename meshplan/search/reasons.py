@@ -185,8 +185,8 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("engine", ((t.searched_zero3_engine != "fsdp2") & (c.sh == SHARDING.index("zero3"))
                     & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0)))
          # ZeRO++ hpZ / qgZ: groups of world ranks, the data axis the whole world, g dividing it (plan_checks.check_zeropp)
-         | (_zeropp_groups(t) & (c.sh == SHARDING.index("zero3"))
-            & ((c.tp > 1) | (c.ep > 1) | (c.dpr > 1) | ((c.dps * c.cp) % t.zero_hpz_partition_size != 0)))
+         | (_zeropp_groups(t, c) & (c.sh == SHARDING.index("zero3"))
+            & ((c.tp > 1) | (c.ep > 1) | (c.dpr > 1) | ((c.dps * c.cp) % _hpz(t, c) != 0)))
          # DeepSpeed's ZeRO-1 and ZeRO-2 (comm.deepspeed_zero12.check_mesh; dp_replicate 1 here):
          # its pipeline engine refuses ZeRO-2 and overlap_comm and runs 1F1B only (check_schedule)
          # (overlap_comm as given, else stages 1 and 2's default false: TrainingSpec.overlaps_comm)
@@ -210,10 +210,17 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
     return out
 
 
-def _zeropp_groups(t) -> bool:
-    """Whether ``t`` runs a ZeRO++ switch that builds groups of world ranks (hpZ, qgZ;
-    :func:`meshplan.plan_checks.check_zeropp`), which every zero3 row then needs whole."""
-    return t.zero_hpz_partition_size > 1 or t.zero_quantized_gradients
+def _hpz(t, c=None):
+    """hpZ's g of each row of ``c`` (its :attr:`~meshplan.search.columns.Candidates.hz`, which the
+    search varies), else ``t``'s ``zero_hpz_partition_size``."""
+    return t.zero_hpz_partition_size if c is None or c.hz is None else c.hz
+
+
+def _zeropp_groups(t, c=None):
+    """Whether ``t`` (on each row of ``c``: its hpZ g, :func:`_hpz`) runs a ZeRO++ switch that builds
+    groups of world ranks (hpZ, qgZ; :func:`meshplan.plan_checks.check_zeropp`), which a zero3 row then
+    needs whole."""
+    return (_hpz(t, c) > 1) | t.zero_quantized_gradients
 
 
 def _no_first_last(layers: int, pp: np.ndarray) -> np.ndarray:

@@ -20,8 +20,8 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
     """Where ``training.grad_accumulation``, ``training.fp8_all_gather``, ``training.zero3_engine`` or
     ``training.pp_schedule_runs`` does not apply to
     every candidate (:func:`meshplan.search.candidate.candidate_config`), one line saying how those
-    candidates were planned; where ``recompute = "op"`` is searched on some candidates only
-    (:func:`meshplan.search.space_recompute.op_recompute_ok`), one line saying so; under torchtitan, that
+    candidates were planned; where ``recompute = "op"`` is searched on some candidates only (tp = cp = 1:
+    :func:`meshplan.search.space_recompute.op_recompute_ok`), one line saying so; under torchtitan, that
     ``selective`` is not searched (:func:`meshplan.search.space_recompute.searched_recompute`), or, where
     ``[search] recompute`` lists it, that it is searched (plan accepts it under torch, so the
     search does not refuse it) and what torchtitan runs of it."""
@@ -61,27 +61,21 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append("recompute 'selective' is not searched under training.framework \"torch\": it is Megatron-LM's "
                    "core-attention recompute, which torchtitan has no option for; searched: none, op (torchtitan's "
                    "op-level selective AC) and full; torchtitan's per-layer selective AC ('layer', every 2nd layer, "
-                   "its default) with ep > 1 or multi-head latent attention, where op is not planned, and elsewhere "
+                   "its default) with ep > 1 or multi-head latent attention, beside op, and elsewhere "
                    "where [search] recompute lists it (not by default: it adds about 25% to a dense search's time)")
     elif t.has_op_recompute and "selective" in cfg.search.recompute:  # listed: searched, as plan accepts it under torch
         out.append("recompute 'selective' is searched because [search] recompute lists it: Megatron-LM's "
                    "core-attention recompute, which meshplan plan accepts under training.framework \"torch\" but "
                    "torchtitan has no option for (--export --to torchtitan writes such a row as mode \"none\", "
                    "\"full\" without flash attention); for torchtitan's own options list none, op, layer, full")
-    if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
-        out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
-                   "attention: plan models it (its mms wq or wq_a/wq_b, wkv_a, wkv_b, wo, every second saved), the "
-                   "search leaves it out: its step-time pruning (search.timing) is checked for op on GQA layers only"
-                   + ("; 'layer' (every 2nd layer in full) is searched in its stead" if layer_for_op(cfg) else ""))
-    elif "op" in cfg.search.recompute and t.has_op_recompute and ((c.tp > 1) | (c.cp > 1) | (c.ep > 1)).any():
-        out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep = 1 "
-                   "only: plan models it at tp > 1 with sequence parallelism (its replay repeats the tp "
-                   "all-gathers), but the search's step-time pruning (search.timing) replays it as full recompute, "
-                   "tp reduce-scatters and ep all-to-alls included, which the policy saves, so it could discard "
-                   "such a candidate wrongly (plan models ep > 1 too: the all-to-alls' outputs saved); with cp > 1 "
-                   "plan refuses it (which CP collectives its replay runs is not modelled)"
-                   + ("; with ep > 1 'layer' (every 2nd layer in full) is searched in its stead" if layer_for_op(cfg)
-                      and (c.ep > 1).any() else ""))
+    if "op" in cfg.search.recompute and t.has_op_recompute and ((c.tp > 1) | (c.cp > 1)).any():
+        out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = 1 "
+                   "only (any ep, multi-head latent attention too): plan models it at tp > 1 with sequence "
+                   "parallelism (its replay repeats the tp all-gathers), but the search's step-time pruning "
+                   "(search.timing) is not checked there; with cp > 1 plan refuses it (which CP collectives its "
+                   "replay runs is not modelled)"
+                   + ("; with ep > 1 or multi-head latent attention 'layer' (every 2nd layer in full) is searched "
+                      "beside it" if layer_for_op(cfg) and ((c.ep > 1).any() or cfg.model.is_mla) else ""))
     if t.pp_schedule_runs > 1:
         out.append(f"training.pp_schedule_runs {t.pp_schedule_runs} applies to candidates with pp > 1: each runs its "
                    f"micro-batches as {t.pp_schedule_runs} pipeline schedules (a candidate whose micro-batches it does "

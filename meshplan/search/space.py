@@ -42,6 +42,9 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 - ``training.reshard_after_forward`` true and false where parameters are FSDP-sharded
   (zero3 or hsdp with a shard degree > 1);
 - ``training.tp_comm_overlap`` off and on where tp > 1 (Megatron-LM ``--tp-comm-overlap``);
+- DeepSpeed ZeRO++ hpZ's ``training.zero_hpz_partition_size`` (column ``hz``): the config's, the
+  node's GPU count and 1 on the zero3 rows DeepSpeed's ZeRO-3 runs whose data axis is the whole
+  world over more than one node, or the config sets hpZ (:func:`hpz_applies`), 1 elsewhere;
 - the pipeline schedule (``[search] pp_schedules``): 1F1B / interleaved 1F1B (``ps`` 0), and
   where asked with pp > 1 and vpp 2 the V-shaped ZB-V (1) and DualPipeV (2);
 - with pp >= 3, also :func:`ends_short_split` (first and last stage lighter by the embedding
@@ -225,7 +228,7 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     if op.any():
         keep = ~op | op_recompute_ok(cfg, cols["tp"], cols["cp"], cols["ep"])
         cols = {k: v[keep] for k, v in cols.items()}
-    if stand_in:  # layer in op's stead where the planner refuses op (layer_rows)
+    if stand_in:  # layer beside op at ep > 1 and with MLA (layer_rows)
         keep = (cols["rc"] != RECOMPUTE.index("layer")) | layer_rows(cfg, cols["ep"])
         cols = {k: v[keep] for k, v in cols.items()}
     fsdp = np.isin(cols["sh"], FSDP_SHARDINGS) & ((cols["dps"] * cols["cp"] > 1) | (
@@ -234,6 +237,7 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     # torch's async TP needs torch.compile (TrainingSpec): without it tp_comm_overlap stays off
     cols = _expand(cols, "ov", _flags(o.tp_comm_overlap, False) if overlap_searched(cfg.training) else [0],
                    cols["tp"] > 1, 0)
+    cols = _expand(cols, "hz", hpz_values(cfg), hpz_applies(cfg, cols), 1)
     cols = _expand(cols, "us", _flags(o.uneven_stages, False), short_ok(cfg, cols["pp"], cols["vpp"]), 0)
     keep = (cols["us"] > 0) | (cols["even"] > 0)  # vpp > 1 with pp not dividing the layers: the short ends only
     cols = {k: v[keep] for k, v in cols.items() if k != "even"}
@@ -247,10 +251,45 @@ def enumerate_candidates(cfg: Config) -> Candidates:
         cols = {k: v[keep] for k, v in cols.items()}
     keep = ~no_data_axis_twin(cfg, cols)
     cols = {k: v[keep] for k, v in cols.items()}
-    own = {f.name for f in fields(Candidates)}
-    more = {k: v for k, v in cols.items() if k not in own}
+    own = {f.name for f in fields(Candidates)} - {"hz"}
+    more = {k: v for k, v in cols.items() if k not in own and k != "hz"}
     return Candidates(**{k: v for k, v in cols.items() if k in own}, more=more, moe=cfg.model.is_moe,
-                      rd=reshard_defaults(cfg, cols["sh"], cols["pp"]))
+                      rd=reshard_defaults(cfg, cols["sh"], cols["pp"]), hz=cols["hz"])
+
+
+def hpz_values(cfg: Config) -> list[int]:
+    """The hpZ g the search tries (:func:`hpz_applies`): the config's ``zero_hpz_partition_size``
+    first (the enumeration's order breaks ties), then the node's GPU count (g the GPUs of one node,
+    the paper's and DeepSpeed's tutorial's setting: the secondary group on NVLink), then 1 (no
+    secondary partition).
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+    ...     "training": {"global_batch": 16, "seq_len": 1024, "sharding": "zero3", "zero3_engine": "deepspeed"}},
+    ...     require_mesh=False)
+    >>> hpz_values(cfg)
+    [1, 8]
+    """
+    return list(dict.fromkeys([cfg.training.zero_hpz_partition_size, cfg.cluster.node.gpus, 1]))
+
+
+def hpz_applies(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The rows the search varies hpZ on: zero3 under DeepSpeed's ZeRO-3 of today
+    (:attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine` ``deepspeed``; its 2021
+    engine and FSDP2 have no ZeRO++), the data axis the whole world (DeepSpeed builds the secondary
+    groups from consecutive world ranks: :func:`meshplan.plan_checks.check_zeropp`) and spanning
+    more than one node: on one node hpZ's group of the node's GPUs is the primary group, so it only
+    adds the secondary partition and its copy (varied there too where the config sets hpZ). Every g of :func:`hpz_values` must divide the data
+    axis (``_ensure_divisibility``)."""
+    if cfg.training.searched_zero3_engine != "deepspeed":
+        return np.zeros(cols["sh"].shape, dtype=bool)
+    fsdp, node = cols["dps"] * cols["cp"], cfg.cluster.node.gpus
+    whole = (cols["tp"] == 1) & (cols["ep"] == 1) & (cols["dpr"] == 1) & (cols["pp"] == 1) & (cols["cp"] == 1)
+    divides = np.ones(fsdp.shape, dtype=bool)
+    for g in hpz_values(cfg):
+        divides &= fsdp % g == 0
+    wide = (fsdp > node) | (cfg.training.zero_hpz_partition_size > 1)  # the config's own g on one node too
+    return (cols["sh"] == SHARDING.index("zero3")) & whole & wide & divides
 
 
 def reshard_defaults(cfg: Config, sh: np.ndarray, pp: np.ndarray) -> np.ndarray:

@@ -1,8 +1,7 @@
 """The recompute dimension of the search space (:mod:`meshplan.search.space`): which recompute
 policies the search varies for a config (:func:`searched_recompute`) and on which rows each is a
-candidate: torchtitan's op-level selective AC only where the planner plans it
-(:func:`op_recompute_ok`), torchtitan's per-layer AC in its stead where the planner refuses it
-(:func:`layer_for_op`, :func:`layer_rows`). Column functions over numpy arrays, one value per row.
+candidate: torchtitan's op-level selective AC where its bound holds (:func:`op_recompute_ok`),
+torchtitan's per-layer AC beside it at ep > 1 and with MLA (:func:`layer_for_op`, :func:`layer_rows`). Column functions over numpy arrays, one value per row.
 """
 
 from __future__ import annotations
@@ -13,14 +12,14 @@ from meshplan.config import Config
 
 
 def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray) -> np.ndarray:
-    """Where ``recompute = "op"`` is searched: tp = cp = ep = 1 and no multi-head latent attention.
-    :func:`meshplan.plan.build_plan` refuses cp > 1 (which CP collectives its replay runs is not
-    modelled); it plans tp > 1 with sequence parallelism (the replay repeats the tp all-gathers, the
-    reduce-scatters' outputs are saved), ep > 1 (the all-to-alls' outputs saved) and MLA (every
-    second mm saved), which the search leaves out: its step-time bound
-    (:func:`meshplan.search.layer_bounds.chains`) replays op as full recompute, tp reduce-scatters and
-    ep all-to-alls included, which the policy saves: no lower bound of such a plan's step (MLA:
-    the bound is checked for op on GQA layers only).
+    """Where ``recompute = "op"`` is searched: tp = cp = 1, at any ep and with multi-head latent
+    attention too. :func:`meshplan.plan.build_plan` refuses cp > 1 (which CP collectives its replay
+    runs is not modelled); it plans tp > 1 with sequence parallelism (the replay repeats the tp
+    all-gathers), which the search leaves out (its step-time bound is not checked there). At ep > 1
+    and with MLA the bound (:func:`meshplan.search.layer_bounds.chains`) replays op without the EP
+    all-to-alls and the closing TP collectives, whose outputs the policy saves, as the rank timeline
+    does (``layer_timeline.forward_layer``); checked against every candidate's simulated step on an
+    MoE and an MLA MoE search (tests/test_search_op_sac.py).
 
     >>> from meshplan.config import config_from_dict
     >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -28,7 +27,7 @@ def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray)
     >>> op_recompute_ok(cfg, np.array([1, 2, 1]), np.array([1, 1, 2]), np.array([1, 1, 1])).tolist()
     [True, False, False]
     """
-    return (tp == 1) & (cp == 1) & (ep == 1) & (not cfg.model.is_mla)
+    return (tp == 1) & (cp == 1)
 
 
 def searched_recompute(cfg: Config) -> list[str]:
@@ -79,10 +78,11 @@ def layer_for_op(cfg: Config) -> bool:
 
 def layer_rows(cfg: Config, ep: np.ndarray) -> np.ndarray:
     """The rows :func:`layer_for_op` adds ``layer`` on: ep > 1, or a model with multi-head latent
-    attention, where :func:`meshplan.plan.build_plan` refuses ``op`` (which EP collectives its replay
-    runs, which MLA mms it saves: not modelled; :func:`op_recompute_ok`). Not at tp or cp > 1 with
-    ep 1: those rows are the dense models' too, where ``layer`` stays opt-in (listed, the dense 405B
-    benchmark plans 90 candidates exactly against 70: ``[search] recompute``'s docstring).
+    attention, where a torchtitan user's first try, ``selective_ac_option = "2"``, is searched beside
+    ``op`` (before nc48fix the planner refused ``op`` there: which EP collectives its replay runs,
+    which MLA mms it saves; :func:`op_recompute_ok`). Not at tp or cp > 1 with ep 1: those rows are
+    the dense models' too, where ``layer`` stays opt-in (listed, the dense 405B benchmark plans 90
+    candidates exactly against 70: ``[search] recompute``'s docstring).
 
     >>> from meshplan.config import config_from_dict
     >>> cfg = config_from_dict({"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 1},

@@ -6,5 +6,5 @@ names). Unknown keys are rejected; :mod:`meshplan.config` turns validation error
 :mod:`meshplan.units`.
 """
 
-__all__ = ["axes", "cluster", "hf", "hf_families", "memory", "mesh", "model", "params", "search", "training",
-           "training_engines", "training_fields", "training_precision"]
+__all__ = ["axes", "cluster", "hf", "hf_families", "memory", "memory_buckets", "memory_fields", "mesh", "model",
+           "params", "search", "training", "training_engines", "training_fields", "training_precision"]

@@ -90,6 +90,28 @@ DEVELOPMENT = FIDELITY[0]
 LLMFOUNDRY_A100, TORCHTITAN_H100, ZERO3_SC21 = FIDELITY[1:4]
 
 
+#: What :data:`TORCHTITAN_H100`'s benchmark measured for the rows with a job setting, as docs/fidelity.md
+#: reports them (benchmarks/torchtitan_h100.py prints each row's error; newcomer trial 49: a Megatron-LM
+#: plan on H100 with fp8, TE's tp-comm-overlap and pp got no word of them): the key is the setting.
+H100_ROWS = {
+    "pp": "its pp rows (T5) predicted +19% to +24% above published",
+    "fp8": "its float8 rows predicted +9% to +31% above published",
+    "tp_overlap": "its async-TP gain predicted at +14% to +20% where +6% to +16% was published (a TP overlap's "
+                  "saving over-predicted)",
+}
+
+
+def h100_rows(fp8: bool, tp_overlap: bool, pp: int) -> tuple[str, ...]:
+    """The :data:`H100_ROWS` evidence for a job's settings: float8 Linears (``fp8``), a TP overlap
+    (``tp_overlap``: ``training.tp_comm_overlap`` at tp > 1) and a pipeline (``pp`` > 1), in that order.
+
+    >>> h100_rows(True, False, 4) == (H100_ROWS["fp8"], H100_ROWS["pp"])
+    True
+    """
+    keys = (["fp8"] if fp8 else []) + (["tp_overlap"] if tp_overlap else []) + (["pp"] if pp > 1 else [])
+    return tuple(H100_ROWS[k] for k in keys)
+
+
 def settings_of(sharding: str, framework: str, gpu: str, shard_nodes: int) -> tuple[Fidelity, ...]:
     """The :data:`FIDELITY` settings beyond the development set that a plan lies in, from its
     ``training.sharding`` and ``training.framework``, its GPU's catalog name and ``shard_nodes``, the
@@ -100,6 +122,9 @@ def settings_of(sharding: str, framework: str, gpu: str, shard_nodes: int) -> tu
 
     - :data:`LLMFOUNDRY_A100`: torch FSDP (``zero3``, framework torch) on an A100;
     - :data:`TORCHTITAN_H100`: framework torch on an H100;
+    - :data:`TORCHTITAN_H100` also for another framework (Megatron-LM) on an H100 where the next does
+      not apply: no run of it on H100 was measured, and torchtitan's are the only H100 runs that were
+      (newcomer trial 49: a Megatron-LM Llama-3-70B on 128 DGX H100 printed only the development set's error);
     - :data:`ZERO3_SC21`: ``zero3`` whose sharding group spans nodes, where neither torch setting
       applies: the runs were Megatron-LM with DeepSpeed's ZeRO-3 over 48-192 DGX A100 nodes, and
       what the benchmark itemises as missing (per-call and per-byte costs of the whole group's
@@ -115,6 +140,8 @@ def settings_of(sharding: str, framework: str, gpu: str, shard_nodes: int) -> tu
     ['torchtitan H100 runs']
     >>> settings_of("zero3", "megatron", "h200-sxm-141gb", 1), settings_of("zero1", "megatron", "a100-sxm-80gb", 8)
     ((), ())
+    >>> [f.runs for f in settings_of("zero1", "megatron", "h100-sxm5-80gb", 1)]
+    ['torchtitan H100 runs']
     """
     out = []
     if framework == "torch" and sharding == "zero3" and gpu.startswith("a100"):
@@ -123,25 +150,37 @@ def settings_of(sharding: str, framework: str, gpu: str, shard_nodes: int) -> tu
         out.append(TORCHTITAN_H100)
     if sharding == "zero3" and shard_nodes > 1 and not out:
         out.append(ZERO3_SC21)
+    if not out and gpu.startswith("h100"):
+        out.append(TORCHTITAN_H100)
     return tuple(out)
 
 
-def setting_line(who: str, settings: tuple[Fidelity, ...]) -> str:
+def setting_line(who: str, settings: tuple[Fidelity, ...], framework: str = "torch",
+                 rows: tuple[str, ...] = (), head: str = "warning") -> str:
     """One ``warning:`` line where ``who`` (``row 1 (dp_shard 512 x cp 2 ...)``, ``b``) lies in
     settings measured less well than the development set (:func:`settings_of`), naming each with
-    its figures from :data:`FIDELITY` (the one home) and benchmark; "" where it lies in none.
+    its figures from :data:`FIDELITY` (the one home) and benchmark; "" where it lies in none. Under
+    another ``framework`` than torch on H100 it says that its H100 runs were not measured, and
+    ``rows`` (:func:`h100_rows`) names the H100 benchmark's rows of the job's settings. ``head``: the
+    line's first word (``plan``, ``step`` and the page print it as a ``note``, beside their MFU caveat:
+    a caveat on the model, not on the config; ``search`` and ``compare`` warn, since they choose).
 
     >>> setting_line("row 1", (ZERO3_SC21,))
     "warning: row 1 lies where meshplan's step error was measured larger than on the development set (mean |error| 1.9%, max 2.9%): ZeRO-3 sharded across nodes as on the SC'21 ZeRO-3 runs (DeepSpeed ZeRO-3 GPT-3 175B on 384-1,536 A100 (SC'21)): mean |error| 34.4%, -28% to -41%, the step predicted short (benchmarks/zero3_sc21.py; docs/fidelity.md); measure before choosing"
+    >>> print(setting_line("this mesh", (TORCHTITAN_H100,), "megatron", h100_rows(False, True, 4)))
+    warning: this mesh lies where meshplan's step error was measured larger than on the development set (mean |error| 1.9%, max 2.9%): framework megatron on H100, whose runs there were not measured; the H100 runs that were, torchtitan H100 runs (torchtitan Llama 3.1 on H100): mean |error| 17.3%, +3% to +45%, the step predicted long; its async-TP gain predicted at +14% to +20% where +6% to +16% was published (a TP overlap's saving over-predicted); its pp rows (T5) predicted +19% to +24% above published (benchmarks/torchtitan_h100.py; docs/fidelity.md); measure before choosing
     """
     if not settings:
         return ""
+    h100 = ("framework torch on H100 as on" if framework == "torch" else
+            f"framework {framework} on H100, whose runs there were not measured; the H100 runs that were,")
     what = {ZERO3_SC21: "ZeRO-3 sharded across nodes as on", LLMFOUNDRY_A100: "torch FSDP on A100 as on",
-            TORCHTITAN_H100: "framework torch on H100 as on"}
+            TORCHTITAN_H100: h100}
     parts = [f"{what[f]} {f.runs} ({f.setting}): {f.text()}"
              + (", the step predicted short" if f.below else ", the step predicted long" if f.above else "")
+             + "".join(f"; {r}" for r in (rows if f is TORCHTITAN_H100 else ()))
              + f" ({f.source}; docs/fidelity.md)" for f in settings]
-    return (f"warning: {who} lies where meshplan's step error was measured larger than on the development set "
+    return (f"{head}: {who} lies where meshplan's step error was measured larger than on the development set "
             f"({DEVELOPMENT.text()}): {'; '.join(parts)}; measure before choosing")
 
 #: Tokens/s a restart mesh changing pp, tp or cp must plan beyond the job's kind (module docstring): a

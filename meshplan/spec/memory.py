@@ -3,6 +3,9 @@
 Every transient the timeline adds that is not derived from the model, the mesh and the
 training contract is a field here, with its default and the default's source, so no
 factor is hidden. Units are bytes (``*_bytes``), elements (``*_elements``) or fractions.
+:class:`MemoryOptions` documents every field and resolves the defaults that follow the training
+contract; it is built in layers: the fields and their bounds (:mod:`meshplan.spec.memory_fields`),
+the gradient buckets and DeepSpeed ZeRO-3's coordinator bytes (:mod:`meshplan.spec.memory_buckets`).
 
 >>> MemoryOptions().comm_bytes_per_group == 4 * 2**20 * 16 * 2
 True
@@ -10,20 +13,13 @@ True
 
 from __future__ import annotations
 
-from typing import Literal, Optional
-
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.errors import ConfigError
-from meshplan.limits import BOUNDS
-from meshplan.spec.deepspeed_memory import (DEEPSPEED_MAX_LIVE_ELEMENTS, DEEPSPEED_PREFETCH_ELEMENTS,
-                                            DEEPSPEED_REDUCE_BUCKET_ELEMENTS, deepspeed_bucket_bytes)
+from meshplan.spec.deepspeed_memory import DEEPSPEED_MAX_LIVE_ELEMENTS, DEEPSPEED_PREFETCH_ELEMENTS
 from meshplan.spec.deepspeed_reuse import DEEPSPEED_MAX_REUSE_ELEMENTS
+from meshplan.spec.memory_buckets import MemoryBuckets
 from meshplan.spec.training import TrainingSpec
-from meshplan.units import dtype_bytes
-
-MiB = 2**20
 
 # The [memory] fields that are runtime choices of the plan (prefetch depth, when FSDP reduces,
 # the gradient bucket), which ``meshplan compare`` weighs as knobs; the others are stated
@@ -41,7 +37,7 @@ MEMORY_KNOBS = ("prefetch_layers", "forward_prefetch_layers", "fsdp_reduce", "gr
 ALLOCATOR_FRAGMENTATION = 0.15
 
 
-class MemoryOptions(BaseModel):
+class MemoryOptions(MemoryBuckets):
     """Stated parameters of :func:`meshplan.memory.timeline.memory_timeline`.
 
     - ``prefetch_layers``: FSDP units all-gathered ahead of the one being computed in
@@ -87,7 +83,7 @@ class MemoryOptions(BaseModel):
       (:func:`meshplan.comm.dp_rows.ddp_buckets`, :func:`meshplan.schedule.grad_reduce.reduce_pieces`);
       None there: torch's ``bucket_cap_mb`` 25 MiB, the first bucket 1 MiB. For the memory
       model (the bucket held during backward by zero2, or by a reduce-dtype cast) None is
-      Megatron-Core's default ``max(40_000_000, 1_000_000 x dp_size)`` elements
+      Megatron-Core's default ``max(40 M, 1 M x dp_size)`` elements (:meth:`bucket_elements`)
       (``DistributedDataParallelConfig.bucket_size``; dp_size includes cp). ZeRO-1/2's per-step
       reduce-scatter and all-gather are timed as one call per stage whatever the bucket. Under
       ``training.zero12_engine = "deepspeed"`` it is ``reduce_bucket_size``, None there:
@@ -194,33 +190,6 @@ class MemoryOptions(BaseModel):
       within 4 MB (benchmarks/gpu_h200 run 3). Not the CPU kernel (no partial sums there).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    prefetch_layers: int = Field(default=1, ge=0, le=BOUNDS["layers"].value)
-    forward_prefetch_layers: int = Field(default=0, ge=0, le=BOUNDS["layers"].value)
-    fsdp_reduce: Optional[Literal["per_microbatch", "after_last"]] = None
-    grad_bucket_elements: Optional[int] = Field(default=None, gt=0, le=BOUNDS["bytes"].value)
-    deepspeed_prefetch_elements: Optional[int] = Field(default=None, ge=0, le=BOUNDS["bytes"].value)
-    deepspeed_max_live_elements: Optional[int] = Field(default=None, ge=0, le=BOUNDS["bytes"].value)
-    deepspeed_max_reuse_elements: Optional[int] = Field(default=None, ge=0, le=BOUNDS["bytes"].value)
-    nccl_buffsize_bytes: int = Field(default=4 * MiB, ge=0, le=BOUNDS["bytes"].value)
-    nccl_channels: int = Field(default=16, ge=0, le=BOUNDS["nccl_channels"].value)
-    nccl_peers: int = Field(default=2, ge=0, le=BOUNDS["world"].value)
-    workspace_bytes: int = Field(default=32 * MiB, ge=0, le=BOUNDS["bytes"].value)
-    fragmentation_fraction: float = Field(default=0.0, ge=0, lt=1)
-    expandable_segments: bool = False
-    reserved_verdict: bool = False
-    optimizer_temp_states: Optional[float] = Field(default=None, ge=0, le=BOUNDS["optimizer_temp_states"].value)
-    logits_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
-    dropout: bool = False
-    cross_entropy: Literal["megatron", "torch", "compiled"] = "megatron"
-    sp_gathered_input: bool = False
-    unfused_norm: bool = False
-    kv_expanded: bool = False
-    embedding_grad_full_vocab: bool = False
-    embedding_backward_work: bool = False
-    fused_glu: Optional[bool] = None
-
     def fsdp_reduce_for(self, training: TrainingSpec, pp: int) -> str:
         """When FSDP reduces on a plan with ``pp`` stages (class docstring, ``fsdp_reduce``):
         ``after_last`` when pp > 1 or ``training.grad_accumulation`` is not ``sync``, else
@@ -298,20 +267,6 @@ class MemoryOptions(BaseModel):
         """NCCL buffer bytes of one communicator: buffsize x channels x peers."""
         return self.nccl_buffsize_bytes * self.nccl_channels * self.nccl_peers
 
-    def bucket_elements(self, dp_size):
-        """Gradient bucket of the non-FSDP shardings, elements (see the class docstring).
-        ``dp_size``: an int, or a numpy array (the search's candidates) giving an array.
-
-        >>> MemoryOptions().bucket_elements(8), MemoryOptions().bucket_elements(128)
-        (40000000, 128000000)
-        >>> MemoryOptions().bucket_elements(np.array([8, 128])).tolist()
-        [40000000, 128000000]
-        """
-        out = np.maximum(40_000_000, 1_000_000 * np.asarray(dp_size, dtype=np.int64))
-        if self.grad_bucket_elements is not None:
-            out = np.full_like(out, self.grad_bucket_elements)
-        return out if np.ndim(dp_size) else int(out)
-
     def optimizer_temp_states_for(self, training: TrainingSpec) -> float:
         """State-sized temporaries of the optimizer step (class docstring,
         ``optimizer_temp_states``): the field when set, else 1 for torch's foreach Adam/AdamW
@@ -345,26 +300,6 @@ class MemoryOptions(BaseModel):
         out = np.floor(optimizer_temp_states * np.asarray(optimizer_bytes) / states).astype(np.int64)
         return out if np.ndim(out) else int(out)
 
-    def grad_bucket_bytes(self, training: TrainingSpec, dp_size, params_numel):
-        """Bytes of the gradient bucket of a rank without FSDP units (the caller checks
-        that): ``min(bucket_elements(dp_size), params_numel) x reduce-dtype bytes`` when the
-        gradients are reduced in a bucket: zero2 (reduce-scatter per bucket every backward)
-        or a reduce dtype that differs from the gradient dtype (a cast copy); else 0.
-        ``dp_size`` and ``params_numel`` (the rank's parameter elements): ints, or numpy
-        arrays that broadcast, as in the search's (candidates, stages) arrays. Under
-        ``training.zero12_engine = "deepspeed"``: :meth:`deepspeed_bucket_bytes`.
-
-        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", grad_dtype="bf16", reduce_dtype="fp32")
-        >>> MemoryOptions().grad_bucket_bytes(t, 8, 10**9) == 40_000_000 * 4
-        True
-        """
-        if training.zero12_engine == "deepspeed":
-            return self.deepspeed_bucket_bytes(training, params_numel)
-        if training.sharding != "zero2" and training.grad_dtype == training.reduce_dtype:
-            return 0 * params_numel
-        out = np.minimum(self.bucket_elements(dp_size), params_numel) * dtype_bytes(training.reduce_dtype)
-        return out if np.ndim(out) else int(out)
-
     def knob_acts(self, knob: str, training: TrainingSpec) -> tuple[bool, object]:
         """(whether [memory] knob ``knob``, a :data:`MEMORY_KNOBS` field, applies under ``training``,
         its value as it acts), as :meth:`~meshplan.spec.training.TrainingSpec.knob_acts` for the
@@ -392,53 +327,3 @@ class MemoryOptions(BaseModel):
             acts = training.sharding == "zero3" and training.zero3_engine == "deepspeed"
             return acts, (defaults[knob] if value is None else value) if acts else value
         return True, value
-
-    def grad_bucket_acts(self, training: TrainingSpec) -> Optional[int]:
-        """``grad_bucket_elements`` as it acts under ``training``: DeepSpeed's ``reduce_bucket_size``
-        (:meth:`deepspeed_bucket_elements`, unset its default 5e8) under a DeepSpeed engine
-        (``zero12_engine = "deepspeed"``, or a DeepSpeed ``zero3_engine`` at sharding zero3), else
-        the field as given; what ``meshplan compare`` weighs (:func:`meshplan.compare.differences.config_differences`),
-        so a ZeRO-2 import's explicit 5e8 and a ZeRO-3 import's unset one are no difference.
-
-        >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")
-        >>> MemoryOptions().grad_bucket_acts(t), MemoryOptions().grad_bucket_acts(TrainingSpec(global_batch=8, seq_len=16))
-        (500000000, None)
-        """
-        deepspeed = training.zero12_engine == "deepspeed" or (
-            training.sharding == "zero3" and training.zero3_engine != "fsdp2")
-        return self.deepspeed_bucket_elements() if deepspeed else self.grad_bucket_elements
-
-    def deepspeed_prefetch_bytes(self, training: TrainingSpec) -> Optional[tuple[int, int]]:
-        """(prefetch, live) bytes of DeepSpeed ZeRO-3's parameter coordinator under
-        ``training.zero3_engine = "deepspeed"`` at sharding zero3 (``deepspeed_prefetch_elements``
-        and ``deepspeed_max_live_elements``, unset DeepSpeed's 5e7 and 1e9, x the parameter dtype's
-        bytes, which DeepSpeed gathers), else None (FSDP2's ``prefetch_layers``).
-
-        >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")
-        >>> MemoryOptions().deepspeed_prefetch_bytes(t), MemoryOptions().deepspeed_prefetch_bytes(TrainingSpec(
-        ...     global_batch=8, seq_len=16))
-        ((100000000, 2000000000), None)
-        """
-        if training.sharding != "zero3" or training.zero3_engine != "deepspeed":
-            return None
-        p = dtype_bytes(training.param_dtype)
-        prefetch = DEEPSPEED_PREFETCH_ELEMENTS if self.deepspeed_prefetch_elements is None \
-            else self.deepspeed_prefetch_elements
-        live = DEEPSPEED_MAX_LIVE_ELEMENTS if self.deepspeed_max_live_elements is None \
-            else self.deepspeed_max_live_elements
-        return prefetch * p, live * p
-
-    def deepspeed_bucket_elements(self) -> int:
-        """DeepSpeed ZeRO-1/2's ``reduce_bucket_size``, elements: ``grad_bucket_elements``, or
-        DeepSpeed's default 5e8 (:data:`DEEPSPEED_REDUCE_BUCKET_ELEMENTS`).
-
-        >>> MemoryOptions().deepspeed_bucket_elements(), MemoryOptions(grad_bucket_elements=1000).deepspeed_bucket_elements()
-        (500000000, 1000)
-        """
-        return self.grad_bucket_elements or DEEPSPEED_REDUCE_BUCKET_ELEMENTS
-
-    def deepspeed_bucket_bytes(self, training: TrainingSpec, params_numel):
-        """Bytes DeepSpeed ZeRO-1/2 holds for its gradient buckets during a backward:
-        :func:`meshplan.spec.deepspeed_memory.deepspeed_bucket_bytes` with ``B`` =
-        :meth:`deepspeed_bucket_elements` (``params_numel``: an int or a numpy array)."""
-        return deepspeed_bucket_bytes(self.deepspeed_bucket_elements(), training, params_numel)

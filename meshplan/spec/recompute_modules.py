@@ -54,10 +54,17 @@ Read in NVIDIA/Megatron-LM d98e8a6:
   MLP's all-gather and reduce-scatter (an ``SharedExpertMLP(MLP)`` on the tp group,
   shared_experts.py 102-207), once more inside a ``moe`` replay. ``core_attn`` (q, k, v kept; the
   context-parallel calls inside the core: :mod:`meshplan.spec.axes.cp`), ``layernorm`` and
-  ``moe_act`` replay none; ``mla_up_proj``'s column-parallel up-projections
-  (multi_latent_attention.py 557-563, 604-610; run inside the checkpoint, 855-988) all-gather
-  their sequence-sharded latents under SP, which meshplan's tp rows do not list for Megatron-LM's
-  MLA in the forward either: not issued.
+  ``moe_act`` replay none. ``mla_up_proj`` (:func:`mla_up_gathers`): its
+  ``CheckpointWithoutOutput`` keeps its arguments, the latents ``q_compressed`` and
+  ``kv_compressed`` after the duplicated down-projections (multi_latent_attention.py 525-610:
+  ``TELinear`` with ``parallel_mode="duplicated"`` on the sequence shard), ``[s/tp, b, r]`` under SP,
+  and ``k_pos_emb`` already gathered (745-763); the replay (855-988, ``qkv_up_proj_and_rope_apply``)
+  runs ``linear_q_up_proj`` (``linear_q_proj`` on the hidden states without a query latent) and
+  ``linear_kv_up_proj``, column-parallel ``gather_output=False`` linears, each all-gathering its
+  sequence-sharded input over tp again (TransformerEngine d0067d0 ``pytorch/module/linear.py``
+  346-349 and 407-412: ``gather_along_first_dim`` of the input when ``parallel_mode == "column"`` and
+  ``sequence_parallel``; the fused-norm ``layernorm_linear.py`` 283-312 alike): ``b x s x q_lora_rank`` (or ``h``) and ``b x s x kv_lora_rank`` values. Without
+  SP their inputs are whole: no call.
 - Nested: a module checkpointed inside ``moe`` (``shared_experts``, ``moe_act``) runs its
   forward once more in ``moe``'s replay and once more in its own (the replay runs the inner
   checkpoint again, which saves only its inputs and replays before its backward).
@@ -170,6 +177,30 @@ def replayed_tp_ops(parts: frozenset, mlp_ops: list[str], shared_ops: list[str])
     ['all-gather', 'reduce-scatter', 'all-gather', 'reduce-scatter']
     """
     return (list(mlp_ops) if parts & {"mlp", "moe"} else []) + (list(shared_ops) if "shared_experts" in parts else [])
+
+
+def mla_up_gathers(model, training, tp: int, sp: bool) -> tuple[tuple[str, int], ...]:
+    """The tp all-gathers one MLA layer's ``mla_up_proj`` replay issues in backward (module
+    docstring), as (which, values per token): the query latent's (``q_lora_rank``; the hidden
+    states', ``hidden``, where the model has no query latent: ``linear_q_proj``) and the key/value
+    latent's (``kv_lora_rank``); none unless Megatron-LM (framework ``megatron``) runs selective
+    recompute with ``mla_up_proj`` on an MLA model at tp > 1 with sequence parallelism.
+
+    >>> from meshplan import catalog
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", recompute="selective",
+    ...                  recompute_modules=["core_attn", "mla_up_proj"])
+    >>> mla_up_gathers(catalog.model("deepseek-v3"), t, 8, True), mla_up_gathers(catalog.model("deepseek-v3"), t, 8, False)
+    ((('q latent', 1536), ('kv latent', 512)), ())
+    >>> mla_up_gathers(catalog.model("deepseek-v2-lite"), t, 2, True)
+    (('q (hidden states)', 2048), ('kv latent', 512))
+    """
+    on = (training.framework == "megatron" and training.recompute == "selective" and model.is_mla and sp and tp > 1
+          and "mla_up_proj" in training.recompute_modules)
+    if not on:
+        return ()
+    q = ("q latent", model.q_lora_rank) if model.q_lora_rank else ("q (hidden states)", model.hidden)
+    return q, ("kv latent", model.kv_lora_rank)
 
 
 def moe_replayed(training, moe_layer: bool) -> bool:

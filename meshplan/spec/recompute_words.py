@@ -24,15 +24,11 @@ MODULE_WORDS = {"core_attn": "attention core", "moe_act": "routed experts' activ
 
 def recompute_words(training, rt: str, short: bool = False) -> str:
     """The recompute policy ``training.recompute`` in runtime ``rt``'s words
-    (:func:`meshplan.spec.wording.runtime`).
-    ``selective`` with flash attention replays the flash forward in backward: Megatron-Core
-    wraps the core attention in ``tensor_parallel.checkpoint`` whenever
-    ``recompute_granularity == "selective"`` and ``"core_attn"`` is in ``recompute_modules``
-    (the default), whatever the backend (megatron/core/transformer/attention.py at d98e8a6,
-    ``checkpoint_core_attention``); only the legacy model (megatron/legacy/model/transformer.py,
-    removed in 8de8238) skipped the checkpoint on its ``--use-flash-attn`` path. DeepSpeed has no
-    setting of its own for which blocks are checkpointed: the model code calls
-    ``deepspeed.checkpointing.checkpoint`` on them.
+    (:func:`meshplan.spec.wording.runtime`): DeepSpeed's (:func:`_deepspeed_recompute`), torch's
+    ``selective`` (:func:`_torch_selective`), Megatron-LM's ``selective``
+    (:func:`_megatron_selective`), each runtime's ``full`` (:data:`_FULL`) and torchtitan's
+    ``layer`` and ``op``. DeepSpeed has no setting of its own for which blocks are checkpointed:
+    the model code calls ``deepspeed.checkpointing.checkpoint`` on them.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="full")
@@ -42,34 +38,15 @@ def recompute_words(training, rt: str, short: bool = False) -> str:
     torchtitan full activation checkpointing (activation_checkpoint.mode = "full": every TransformerBlock's input kept, the block recomputed in backward)
     >>> recompute_words(t, "megatron").split(":")[0]
     'Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform --recompute-num-layers 1'
-    >>> recompute_words(t.model_copy(update={"recompute": "selective", "flash_attention": False}), "megatron")
-    'Megatron-LM selective recompute (--recompute-activations: attention core)'
-    >>> recompute_words(t.model_copy(update={"recompute": "selective", "recompute_modules": ("core_attn", "mlp")}),
-    ...                 "megatron")
-    'Megatron-LM selective recompute (--recompute-granularity selective --recompute-modules core_attn mlp: attention core, dense MLP)'
-
-    Under torch ``selective`` is the same model, Megatron-LM's core-attention recompute, which
-    torchtitan has no option for (its selective AC, ``activation_checkpoint.mode = "selective"``,
-    is ``op`` or ``layer``: :data:`_TORCH_SELECTIVE`):
-
-    >>> print(recompute_words(t.model_copy(update={"recompute": "selective"}), "torch"))
-    attention-core recompute, modelled as Megatron-LM's selective recompute (--recompute-activations): the attention core's forward (the flash kernel) replayed in backward, its softmax statistics not kept, the other activations kept; torchtitan has no such option: its selective AC (activation_checkpoint.mode = "selective") is recompute "op" (selective_ac_option = "op") or "layer" (selective_ac_option = "<ac_freq>"); the nearest torchtitan setting is mode = "none" (the same activations kept, and the flash softmax statistics too; the attention not replayed: what export --to torchtitan writes)
 
     ``short``: the same in a few words, where the output says it in full elsewhere.
     """
     if rt == DEEPSPEED:
         return _deepspeed_recompute(training)
     if rt == "torch" and training.recompute == "selective":
-        return _TORCH_SELECTIVE_SHORT if short else _TORCH_SELECTIVE.format(_TORCH_CORE[training.flash_attention],
-                                                                            _TORCH_NEAREST[training.flash_attention])
-    core = ("attention core; flash kernels included: Megatron-Core checkpoints core_attn for every attention "
-            "backend, megatron/core/transformer/attention.py" if training.flash_attention else "attention core")
-    modules = tuple(training.recompute_modules)
-    selective = f"Megatron-LM selective recompute (--recompute-activations: {core})" if modules == DEFAULT else (
-        f"Megatron-LM selective recompute (--recompute-granularity selective --recompute-modules {' '.join(modules)}: "
-        + ", ".join(MODULE_WORDS[m] for m in modules) + ")")
+        return _torch_selective(training, short)
     return {"none": "no activation checkpointing",
-            "selective": selective,
+            "selective": _megatron_selective(training),
             "full": _FULL[rt] if rt in _FULL else _FULL["torch"],
             "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
                      f"\"{training.ac_freq}\": every {training.ac_freq} layer(s) checkpointed in full)",
@@ -78,6 +55,47 @@ def recompute_words(training, rt: str, short: bool = False) -> str:
                   "reduce-scatter and ep all-to-all outputs saved, the rest recomputed, tp all-gathers and the "
                   "routed experts' grouped GEMMs included)",
             }[training.recompute]
+
+
+def _megatron_selective(training) -> str:
+    """``recompute = "selective"`` in Megatron-LM's words: ``--recompute-activations`` for the
+    default modules (core attention), else ``--recompute-granularity selective
+    --recompute-modules`` with what each replays (:data:`MODULE_WORDS`). With flash attention
+    the flash forward is replayed in backward: Megatron-Core wraps the core attention in
+    ``tensor_parallel.checkpoint`` whenever ``recompute_granularity == "selective"`` and
+    ``"core_attn"`` is in ``recompute_modules`` (the default), whatever the backend
+    (megatron/core/transformer/attention.py at d98e8a6, ``checkpoint_core_attention``); only the
+    legacy model (megatron/legacy/model/transformer.py, removed in 8de8238) skipped the
+    checkpoint on its ``--use-flash-attn`` path.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="selective")
+    >>> _megatron_selective(t.model_copy(update={"flash_attention": False}))
+    'Megatron-LM selective recompute (--recompute-activations: attention core)'
+    >>> _megatron_selective(t.model_copy(update={"recompute_modules": ("core_attn", "mlp")}))
+    'Megatron-LM selective recompute (--recompute-granularity selective --recompute-modules core_attn mlp: attention core, dense MLP)'
+    """
+    core = ("attention core; flash kernels included: Megatron-Core checkpoints core_attn for every attention "
+            "backend, megatron/core/transformer/attention.py" if training.flash_attention else "attention core")
+    modules = tuple(training.recompute_modules)
+    return f"Megatron-LM selective recompute (--recompute-activations: {core})" if modules == DEFAULT else (
+        f"Megatron-LM selective recompute (--recompute-granularity selective --recompute-modules {' '.join(modules)}: "
+        + ", ".join(MODULE_WORDS[m] for m in modules) + ")")
+
+
+def _torch_selective(training, short: bool) -> str:
+    """``recompute = "selective"`` under torch: the same model, Megatron-LM's core-attention
+    recompute, which torchtitan has no option for (its selective AC,
+    ``activation_checkpoint.mode = "selective"``, is ``op`` or ``layer``: :data:`_TORCH_SELECTIVE`);
+    ``short``: :data:`_TORCH_SELECTIVE_SHORT`.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> print(_torch_selective(TrainingSpec(global_batch=8, seq_len=16, recompute="selective"), False))
+    attention-core recompute, modelled as Megatron-LM's selective recompute (--recompute-activations): the attention core's forward (the flash kernel) replayed in backward, its softmax statistics not kept, the other activations kept; torchtitan has no such option: its selective AC (activation_checkpoint.mode = "selective") is recompute "op" (selective_ac_option = "op") or "layer" (selective_ac_option = "<ac_freq>"); the nearest torchtitan setting is mode = "none" (the same activations kept, and the flash softmax statistics too; the attention not replayed: what export --to torchtitan writes)
+    """
+    if short:
+        return _TORCH_SELECTIVE_SHORT
+    return _TORCH_SELECTIVE.format(_TORCH_CORE[training.flash_attention], _TORCH_NEAREST[training.flash_attention])
 
 
 #: ``recompute = "selective"`` under torch: what meshplan models (Megatron-LM's core-attention

@@ -101,13 +101,13 @@ class SearchOptions(BaseModel):
       contract's ``micro_batch`` is ignored, its ``global_batch`` and ``seq_len`` are kept).
     - ``recompute``: allowed policies (default all four: ``none``, ``selective``, ``full``, and
       torchtitan's op-level selective AC ``op``, searched under ``training.framework = "torch"``
-      with FSDP2 only, on candidates with tp = cp = ep = 1 as meshplan plans it: Megatron-LM and
+      with FSDP2 only, on candidates with tp = cp = 1 (any ep, MLA too): Megatron-LM and
       DeepSpeed have no such policy, and a config listing it for them gets an error naming
       ``search.recompute``; where torchtitan runs the rows the default leaves ``selective``,
       Megatron-LM's core-attention recompute, out, and a list naming it searches it:
       :func:`meshplan.search.space_recompute.searched_recompute`; torchtitan's per-layer AC ``layer``, at
       its default frequency 2 (:data:`meshplan.search.columns.LAYER_AC_FREQ`), is searched there
-      by default on the rows where ``op`` is refused for the model (ep > 1, multi-head latent
+      by default beside ``op`` on the rows where the planner once refused it (ep > 1, multi-head latent
       attention: :func:`meshplan.search.space_recompute.layer_for_op`), elsewhere only where the list names it: both its bounds count the layers each stage
       surely replays and keeps (:mod:`meshplan.search.layer_replays`), yet with it listed the 405B
       benchmark plans 90 candidates exactly against 70 (7.9 s CPU against 5.6 s on one worker,

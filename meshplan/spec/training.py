@@ -270,6 +270,13 @@ class TrainingSpec(TrainingChecks):
     ``recompute_modules`` (``selective`` under ``framework = "megatron"``): Megatron-LM's
     ``--recompute-modules``, default ``("core_attn",)``; which activations each module does not keep
     and which forward kernels it replays: :mod:`meshplan.spec.recompute_modules` (docs/input.md).
+    ``grad_dtype``, ``optimizer_dtype``, ``master_dtype``: what the persistent state keeps per
+    parameter (:mod:`meshplan.memory.state`): the gradient buffer's dtype, both Adam moments', and
+    the master copy's (``master_weights``, below fp32 parameters): ``fp32`` (default), ``fp16`` or
+    ``int16``, Transformer Engine's ``FusedAdam`` keeping only the 16 low bits of the fp32 master
+    beside a bf16 parameter (:attr:`master_bytes`). Megatron-LM's ``--use-precision-aware-optimizer``
+    sets them (``--main-grads-dtype``, ``--exp-avg-dtype``/``--exp-avg-sq-dtype``,
+    ``--main-params-dtype``: :mod:`meshplan.interop.megatron_precision`).
     ``compute_dtype``: the dtype of activations (what autograd saves, what TP, CP and PP send)
     and of every GEMM that is not a float8 Linear; FSDP2's ``MixedPrecisionPolicy.param_dtype``.
     ``linear_dtype = "fp8"``: float8 training as torchtitan's float8 converter (torchao

@@ -139,6 +139,28 @@ class TrainingEngines(TrainingFields):
         return "deepspeed" if self.zero3_engine == "deepspeed" or self.zero0_engine == "deepspeed" else self.zero12_engine
 
     @property
+    def searched_pp_engine(self) -> str:
+        """The pipeline engine a search's zero1 candidates run under
+        (:func:`meshplan.search.candidate.sharding_knobs`): ``pp_engine``, except that Megatron-DeepSpeed
+        (framework ``megatron`` under a DeepSpeed engine, ``zero0_engine``, ``zero12_engine`` or
+        ``zero3_engine = "deepspeed"``: ``meshplan search --framework megatron_deepspeed``) plans them
+        under DeepSpeed's ``PipelineEngine``, ``deepspeed``, as its import does without
+        ``--no-pipeline-parallel`` (:func:`meshplan.interop.megatron_deepspeed.deepspeed_engine`):
+        ``pretrain_gpt.py`` builds ``GPTModelPipe`` under ``--deepspeed`` at any pp, and pp > 1 has no
+        other engine (``--no-pipeline-parallel`` asserts pp 1, microsoft/Megatron-DeepSpeed 060fb40
+        ``megatron/arguments.py``). Its zero2/zero3 rows stay ``framework``: the engine refuses them.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> mds = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", zero3_engine="deepspeed")
+        >>> mds.searched_pp_engine, TrainingSpec(global_batch=8, seq_len=16, framework="megatron").searched_pp_engine
+        ('deepspeed', 'framework')
+        >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed").searched_pp_engine  # DeepSpeed on torch
+        'framework'
+        """
+        ds = "deepspeed" in (self.zero0_engine, self.zero12_engine, self.zero3_engine)
+        return "deepspeed" if self.framework == "megatron" and ds else self.pp_engine
+
+    @property
     def overlaps_comm(self) -> bool:
         """DeepSpeed's ``zero_optimization.overlap_comm`` in effect: ``overlap_comm`` when given,
         else DeepSpeed's default, true at stage 3 and false at stages 1 and 2

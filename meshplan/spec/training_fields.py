@@ -92,6 +92,7 @@ class TrainingFields(BaseModel):
     compute_dtype: Dtype = "bf16"
     grad_dtype: Dtype = "fp32"
     optimizer_dtype: Dtype = "fp32"
+    master_dtype: Literal["fp32", "fp16", "int16"] = "fp32"
     reduce_dtype: Dtype = "fp32"
     master_weights: bool = True
     optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
@@ -99,7 +100,8 @@ class TrainingFields(BaseModel):
     reshard_after_forward: bool = True
     reshard_head_after_forward: bool = False
     recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
-    recompute_modules: tuple[str, ...] = ("core_attn",)  # recompute "selective": meshplan.spec.recompute_modules
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    op_sac_policy: Literal["238fa99", "b5bcd76"] = "238fa99"  # recompute "op": compute.recompute.op_sac_fuses_qkv  # recompute "selective": meshplan.spec.recompute_modules
     ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)

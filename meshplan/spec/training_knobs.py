@@ -37,7 +37,7 @@ PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
               "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "cp_attention",
               "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
-              "megatron_runtime", "dataloader_attention_mask", "recompute_modules", "pp_engine")
+              "megatron_runtime", "dataloader_attention_mask", "recompute_modules", "pp_engine", "op_sac_policy")
 
 #: The float8 knobs that refine ``linear_dtype = "fp8"``: they act only on a side that runs it.
 _FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather")
@@ -57,8 +57,8 @@ class TrainingKnobs(TrainingEngines):
         default), ``megatron_runtime`` under framework megatron as the generation it plans (unset:
         ``"2022"``), ``dataloader_attention_mask`` under that ``"core"`` generation as
         :attr:`core_attention_mask` (unset: true), ``recompute_modules`` under Megatron-LM's
-        ``selective`` only (what it reads them under, :func:`meshplan.spec.recompute_modules.config_notes`);
-        every other knob applies, as given. ``meshplan compare`` lists
+        ``selective`` only (what it reads them under, :func:`meshplan.spec.recompute_modules.config_notes`),
+        ``op_sac_policy`` under ``recompute = "op"`` only; every other knob applies, as given. ``meshplan compare`` lists
         a knob only where it applies to both sides, by the value it acts with
         (:func:`meshplan.compare.differences.config_differences`).
 
@@ -106,4 +106,6 @@ class TrainingKnobs(TrainingEngines):
             return self.megatron_core, self.core_attention_mask if self.megatron_core else value
         if knob == "recompute_modules":
             return self.framework == "megatron" and self.recompute == "selective", value
+        if knob == "op_sac_policy":  # torchtitan's op-level SAC only (compute.recompute.op_sac_fuses_qkv)
+            return self.recompute == "op", value
         return True, value

@@ -97,14 +97,49 @@ class TrainingPrecision(TrainingKnobs):
         return self.linear_dtype or self.compute_dtype
 
     @property
+    def dtype_words(self) -> str:
+        """The dtypes of the plan's setting line (``plan``'s ``train`` line and the HTML report's):
+        parameters, the Linear GEMMs where they differ from the compute dtype (``linear_dtype``:
+        fp8 runs only those GEMMs, newcomer trial 49 #3), gradients, their reduction, and the Adam
+        moments and master copy where not fp32.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, framework="megatron", linear_dtype="fp8").dtype_words
+        'params bf16, linear GEMMs fp8, grads fp32, reduce fp32'
+        >>> TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="bf16", optimizer_dtype="bf16",
+        ...              master_dtype="int16").dtype_words
+        'params bf16, grads bf16, reduce fp32, moments bf16, master int16'
+        """
+        out = [f"params {self.param_dtype}"] + ([f"linear GEMMs {self.linear_dtype}"] if self.linear_dtype else [])
+        out += [f"grads {self.grad_dtype}", f"reduce {self.gradient_reduce_dtype}"]
+        out += [f"moments {self.optimizer_dtype}"] * (self.optimizer_states > 0 and self.optimizer_dtype != "fp32")
+        out += [f"master {self.master_dtype}"] * (self.keeps_master and self.master_dtype != "fp32")
+        return ", ".join(out)
+
+    @property
     def optimizer_states(self) -> int:
         """Optimizer state tensors per parameter: Adam keeps two moments (Kingma & Ba 2015)."""
         return 2 if self.optimizer in ("adam", "adamw") else 0
 
     @property
     def keeps_master(self) -> bool:
-        """An fp32 master copy exists when parameters are stored below fp32."""
+        """A master copy exists when parameters are stored below fp32."""
         return self.master_weights and self.param_dtype != "fp32"
+
+    @property
+    def master_bytes(self) -> int:
+        """Bytes a master copy keeps per parameter (0 without one, :attr:`keeps_master`):
+        ``master_dtype`` fp32 4, fp16 2, int16 2 (Transformer Engine's ``FusedAdam`` with
+        ``store_param_remainders``: beside a bf16 parameter only the 16 low bits of its fp32 master,
+        ``torch.zeros_like(param, dtype=torch.int16)``; NVIDIA/TransformerEngine d0067d0
+        ``transformer_engine/pytorch/optimizers/fused_adam.py`` lines 213-215, 414-415, 626).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, param_dtype="bf16")
+        >>> [t.model_copy(update={"master_dtype": d}).master_bytes for d in ("fp32", "fp16", "int16")]
+        [4, 2, 2]
+        """
+        return {"fp32": 4, "fp16": 2, "int16": 2}[self.master_dtype] if self.keeps_master else 0
 
     @property
     def fsdp_reduce_dtype(self) -> Dtype:

@@ -1,0 +1,86 @@
+"""The search tries torchtitan's op-level SAC (``recompute = "op"``) at ep > 1 and with MLA
+(issue 11, torchtitan breadth), where the rank timeline and the memory model already model it
+(nc48fix: the EP all-to-alls' and the closing TP reduce-scatters' outputs saved, MLA's odd mms saved).
+
+The search's step-time bound (search.layer_bounds.chains) replayed op as full recompute, EP
+all-to-alls and closing TP collectives included, which the policy does not re-run
+(layer_timeline.forward_layer: no ep in an op replay; replay_scatters: no closing collective), so
+the search kept op to ep 1 without MLA. The bound now replays op as the timeline does; it must
+stay below every candidate's simulated step (exhaustive, as tests/test_search.py checks the
+others).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshplan.search.driver import search
+from meshplan.search.space import RECOMPUTE, enumerate_candidates
+
+from tests.test_search import MOE, config, plan_all, refused
+
+#: A small MLA MoE (DeepSeek-V2-Lite's shape, shrunk): MLA without a query latent, one shared
+#: expert, one dense layer then routed experts.
+MLA = dict(name="small-mla", layers=4, hidden=1024, ffn=2816, q_heads=8, vocab=32000, kv_lora_rank=256,
+           qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, experts=4, top_k=2, expert_ffn=1408,
+           shared_experts=1, shared_expert_ffn=1408, dense_layers=1)
+
+
+@pytest.mark.parametrize("model, training", [(MOE, {}), (MLA, {}), (MLA, {"moe_dispatcher": "deepep"})],
+                         ids=["moe", "mla", "mla-deepep"])
+def test_op_bound_holds_at_ep_and_with_mla(model, training):
+    """Every feasible candidate's step lower bound <= its simulated step, op rows at ep > 1 among them
+    (measured at this commit: 0 violations; the op rows' bound / step at most 0.988 on both). With DeepEP
+    under torch the shared experts run beside the combine (comm.deepep.shared_forward_s), which the bound
+    takes as max(mlp, combine) (layer_bounds.chains ``shared_beside``): 0 violations on its 330 feasible rows."""
+    cfg = config(1, 2.0, model=model, micro_batch=[1], recompute=["none", "full", "op"], pp=[1, 2], top=3,
+                 training=training)
+    r = search(cfg, workers=1)
+    c = r.candidates
+    op = c.rc == RECOMPUTE.index("op")
+    assert (op & (c.ep > 1)).any() and (c.tp[op] == 1).all() and (c.cp[op] == 1).all()
+    ratios = []
+    for i, (feasible, _, _, step) in enumerate(plan_all(cfg, r)):
+        if feasible and not refused(r, i):
+            assert r.est.step_lo[i] <= step * (1 + 1e-9), c.label(i)
+            if op[i] and c.ep[i] > 1:
+                ratios.append(r.est.step_lo[i] / step)
+    assert ratios and max(ratios) > 0.5  # a bound that bounds, not 0
+
+
+def test_search_ranks_op_first_where_it_wins():
+    """The MLA MoE on 8 GPUs at dp_shard 8, experts efsdp 4 x ep 2, micro-batch 1, usable memory 1.72e9
+    x 0.9 B = 1.442 GiB (headroom tiers off, so the fastest fitting row leads). Exact plans
+    (build_plan + step_time, this commit): none kept gathered peaks 1.679 GiB and none resharded 1.516
+    GiB (do not fit); layer (ac_freq 2) kept gathered 1.468 GiB (does not fit); op kept gathered 1.418 GiB,
+    38.564 ms; layer resharded 40.066 ms; op resharded 40.316 ms; full kept gathered 40.838 ms, resharded
+    42.591 ms. op kept gathered is first, 3.9% faster than layer resharded, the first row before op
+    was searched with MLA at ep 2: it keeps one of each pair of the attention's mms (wq, wkv_b) and the
+    shared expert's w1, w2 where full keeps only the layer input, and replays wkv_a, wo, half the
+    shared gate-and-up and the routed experts where layer replays every other layer whole."""
+    cfg = config(1, 1.72, model=MLA, micro_batch=[1], recompute=["none", "full", "op"], pp=[1], ep=[2], tp=[1],
+                 cp=[1], sharding=["zero3"], top=3, headroom_tier=False)
+    r = search(cfg, workers=1)
+    c = r.candidates
+    plans = plan_all(cfg, r)
+    exact = {(RECOMPUTE[c.rc[i]], bool(c.rf[i])): p for i, p in enumerate(plans)}
+    assert not exact[("none", False)][0] and not exact[("none", True)][0] and not exact[("layer", False)][0]
+    steps = {k: p[3] for k, p in exact.items() if p[0]}
+    assert min(steps, key=steps.get) == ("op", False)
+    top = r.top[0].index
+    assert (RECOMPUTE[c.rc[top]], int(c.ep[top]), bool(c.rf[top])) == ("op", 2, False)
+    assert r.top[0].step_s == pytest.approx(steps[("op", False)], rel=1e-12)
+    assert steps[("layer", True)] / steps[("op", False)] == pytest.approx(40.066 / 38.564, rel=2e-3)
+
+
+def test_op_rows_at_every_ep():
+    """Enumeration: op rows at every ep none has at tp = cp = 1 (1, 2, 4, 8 with the MoE's 4 experts:
+    ep 8 is enumerated and rejected later by rule experts), one op row per such none row."""
+    cfg = config(1, 2.0, model=MOE, micro_batch=[1], recompute=["none", "op"])
+    c = enumerate_candidates(cfg)
+    op, none = c.rc == RECOMPUTE.index("op"), c.rc == RECOMPUTE.index("none")
+    flat = (c.tp == 1) & (c.cp == 1)
+    assert sorted(set(c.ep[op].tolist())) == sorted(set(c.ep[none & flat].tolist())) == [1, 2, 4, 8]
+    assert int(op.sum()) == int((none & flat).sum())
+    assert np.all(c.tp[op] == 1)
