@@ -537,7 +537,29 @@ def test_framework_kernel_choices_itemise_compute():
     (testreams: TE runs the forward's lse corrections of steps 0-6 on its other flash stream beside
     calls 1-7 of about 1 ms, meshplan.compute.te_ring.side_stream: 7 floored kernels hidden, twice
     with the full-AC replay, 2 x 7 x 4.7 = 65.8 us a layer: 886.7 us, x 80 x 16 = 1.135 s; the step
-    82.4 -> 82.3 s, the compute difference still -39.2 s.)"""
+    82.4 -> 82.3 s, the compute difference still -39.2 s.)
+    (nic49: the units played in time order, every running collective at its max-min share of the NIC
+    from each event on (schedule.unit_events), where main's rule left the collective issued first at its
+    full speed and gave the later one the rest. Torch's side 162.350 -> 170.005 s, compute unchanged,
+    all of it exposed cp. Forward, a layer: the FSDP all-gather (4.3058 ms alone, demand 0.9316)
+    runs alone 1.443 ms, then beside the cp K/V all-gather (10.000 ms, 0.9395) at half the NIC each:
+    its 2.8628 ms left at 0.5 / 0.9316 take 5.334 ms, it ends at 6.777 ms (4.306 before); the cp
+    gather's 2.8387 ms of work done meanwhile, its 7.1613 ms left alone: 12.495 ms (11.339 before, at
+    its half beside a gather at full speed), +1.156 ms x 79 layers and +1.554 ms on the first
+    (13.347 against 11.793): each forward unit +92.87 ms. Backward, a layer (the recompute's cp K/V
+    gather, which its attention waits for): the layer's reduce-scatter (8.5646 ms, demand 0.9367), the
+    all-gather two layers on (4.3058 ms, 0.9316) issued 0.144 ms later on FSDP2's other stream, and
+    the cp gather (10.000 ms, 0.9395) 1.587 ms after the reduce-scatter: the reduce-scatter alone 0.144
+    ms; both FSDP collectives at half 1.443 ms (0.7703 and 0.7745 ms of work); the three at a third
+    until the all-gather ends at 11.456 ms (9.869 ms: 3.512 ms of the reduce-scatter's work, 3.502 of
+    the cp gather's); the reduce-scatter and the cp gather at half until the reduce-scatter ends at
+    19.209 ms (7.753 ms, 4.126 ms of the cp gather's); the cp gather's 2.372 ms left alone: it ends
+    19.994 ms after its start, where main ran the reduce-scatter at full speed, then the all-gather
+    after it on the same stream, the cp gather at its half beside each (6.977 + 4.306 ms, 6.005 ms of
+    work) and its 3.995 ms left alone: 15.278 ms. +4.716 ms a layer x 78, +5.176 and +5.519 ms on the
+    two first layers (20.908 and 21.705 against 15.732 and 16.186), and the embedding's all-gather,
+    now beside the last reduce-scatter, 14.053 ms (5.276 alone): exposed fsdp +7.46 ms; each backward
+    unit +386.02 ms, the last tail 17.698 -> 10.504 ms. 16 x (92.872 + 386.018) - 7.194 = 7655.05 ms.)"""
     from meshplan.compare.kernels import choice_seconds
     from meshplan.config import config_from_dict
     from meshplan.schedule.workload import chunk_costs, workload_of
@@ -549,9 +571,24 @@ def test_framework_kernel_choices_itemise_compute():
     b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh}))
     c = compare(a, b, names=("torch", "megatron"))
     pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
-    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (162.3, 82.3)  # 153.9 before NIC sharing; 81.2 before te_ring; 82.4 before testreams
+    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (170.0, 82.3)  # 153.9 before NIC sharing; 162.3 before nic49; 81.2 before te_ring; 82.4 before testreams
     assert "exposed cp" not in pb and 16384 * 1 * 256 * 2 == 8 * 2 ** 20
-    assert round(pa["exposed cp"], 1) == 40.2  # 3.3 s under all-gather CP's rows, 31.7 before NIC sharing
+    assert round(pa["exposed cp"], 1) == 47.7  # 3.3 s under all-gather CP's rows, 31.7 before NIC sharing, 40.2 before nic49
+    # nic49 (docstring): the forward's FSDP all-gather and cp K/V gather, the backward's three, by hand
+    ag, kv, rs = 0.5 / 0.9316, 0.5 / 0.9395, 0.5 / 0.9367   # rates at half the NIC
+    ag_end = 1.443 + (4.3058 - 1.443) / ag
+    assert (round(ag_end, 3), round(ag_end + 10.0 - (ag_end - 1.443) * kv - 1.443, 3)) == (6.777, 12.495)
+    assert round(4.3058 + 10.0 - (4.3058 - 1.443) * kv - 1.443, 3) == 11.339   # main: the gather at full speed
+    rs_w, ag_w = 0.144 + 1.443 * rs, 1.443 * ag
+    third = (4.3058 - ag_w) / ((1 / 3) / 0.9316)
+    rs_w, kv_w = rs_w + third * (1 / 3) / 0.9367, third * (1 / 3) / 0.9395
+    half = (8.5646 - rs_w) / rs
+    assert (round(1.587 + third, 3), round(1.587 + third + half, 3)) == (11.456, 19.209)
+    assert round(third + half + 10.0 - kv_w - half * kv, 3) == 19.994
+    main_bwd = 6.977 + 4.306 + 10.0 - (6.977 + 4.306) * kv
+    assert round(main_bwd, 3) == 15.278 and round(8.5646 - 1.587, 2) == 6.98   # the cp gather 1.587 ms after the RS start
+    assert round(16 * (79 * 1.156 + 1.554 + 78 * 4.716 + 5.176 + 5.519 + 7.46) - (17.698 - 10.504), 0) \
+        == round((c.a.step_s - 162.350) * 1e3, 0) == 7655
     assert round(1 - 200_570_880 / 50e9 / 4.3058e-3, 4) == 0.0684 < 0.5  # the NIC leaves a send less than its half
     assert round(0.1874 / (0.5 / (8 * 2 ** 20 / 50e9 / 0.1874e-3)), 3) == 0.336
     assert round(pb["compute"] - pa["compute"], 1) == -39.2
