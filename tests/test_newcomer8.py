@@ -190,7 +190,7 @@ def test_search_warns_when_a_row_fits_only_without_fragmentation(q1_search):
 def test_best_rejected_never_prints_zero_percent(q1_search):
     """The best rejected (dp_replicate 2 x dp_shard 16 x tp 4, hsdp) against the top (29.261 s): at
     29.254 s, -0.026%, it printed as "-0.0%"; two significant figures under 0.1% as the explanation
-    line's helper writes them. Since the rank timeline shares NICs (schedule/unit_sim.py StreamSim._nic)
+    line's helper writes them. Since the rank timeline shares NICs (schedule/nic_fair.py NicBook)
     its step is 29.265 s, +0.012% ("0.012% longer"): each unit's HSDP all-reduce across the replicas
     holds the NICs the next unit's FSDP all-gather, prefetched beside it, crosses (exposed fsdp 155.1 ->
     165.6 ms, dp_replicate 19.0 -> 19.6 ms); the top, one FSDP stream on the network, is unchanged."""
