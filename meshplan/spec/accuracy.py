@@ -37,9 +37,10 @@ RESTART_MARGIN = 0.05
 
 
 class Fidelity(NamedTuple):
-    """One setting's measured step-time error, as fractions of the published step (error =
-    predicted / published - 1 per row of the setting's benchmark, which prints these figures; docs/fidelity.md
-    gives its evidence).
+    """One setting's measured error, as fractions of the published figure (error = predicted /
+    published - 1 per row of the setting's benchmark, which prints these figures; docs/fidelity.md
+    gives its evidence): of the step time, or of tokens/s where :attr:`throughput` (LLM Foundry's and
+    torchtitan's tables publish tokens/s, so there a ``+`` error is a step predicted SHORT).
 
     >>> FIDELITY[0].text()
     'mean |error| 1.9%, max 2.9%'
@@ -57,6 +58,7 @@ class Fidelity(NamedTuple):
     above: bool = False  #: the largest error (and with ``min_abs_error`` every one) is above published
     min_abs_error: float | None = None  #: the smallest |error| where the text gives the range (fraction)
     below: bool = False  #: every error is below published (the step predicted short), signed ``-``
+    throughput: bool = False  #: the errors are of tokens/s (predicted high = the step predicted short)
 
     def text(self) -> str:
         """The figures as README and docs/fidelity.md state them: mean to 0.1 point, then the max
@@ -75,9 +77,9 @@ FIDELITY = (
     Fidelity("Megatron-LM A100 development set", "the Megatron-LM A100 development set", 0.019, 0.029,
              "benchmarks/fidelity.py"),
     Fidelity("LLM Foundry MPT on A100", "LLM Foundry A100 runs", 0.089, 0.157, "benchmarks/llmfoundry_a100.py",
-             above=True),
+             above=True, throughput=True),
     Fidelity("torchtitan Llama 3.1 on H100", "torchtitan H100 runs", 0.173, 0.449, "benchmarks/torchtitan_h100.py",
-             above=True, min_abs_error=0.034),
+             above=True, min_abs_error=0.034, throughput=True),
     Fidelity("DeepSpeed ZeRO-3 GPT-3 175B on 384-1,536 A100 (SC'21)", "the SC'21 ZeRO-3 runs", 0.344, 0.408,
              "benchmarks/zero3_sc21.py", below=True, min_abs_error=0.277),
 )
@@ -94,8 +96,8 @@ LLMFOUNDRY_A100, TORCHTITAN_H100, ZERO3_SC21 = FIDELITY[1:4]
 #: reports them (benchmarks/torchtitan_h100.py prints each row's error; newcomer trial 49: a Megatron-LM
 #: plan on H100 with fp8, TE's tp-comm-overlap and pp got no word of them): the key is the setting.
 H100_ROWS = {
-    "pp": "its pp rows (T5) predicted +19% to +24% above published",
-    "fp8": "its float8 rows predicted +9% to +31% above published",
+    "pp": "its pp rows' (T5) tokens/s predicted +19% to +24% above published",
+    "fp8": "its float8 rows' tokens/s predicted +9% to +31% above published",
     "tp_overlap": "its async-TP gain predicted at +14% to +20% where +6% to +16% was published (a TP overlap's "
                   "saving over-predicted)",
 }
@@ -130,9 +132,10 @@ def settings_of(sharding: str, framework: str, gpu: str, shard_nodes: int) -> tu
       what the benchmark itemises as missing (per-call and per-byte costs of the whole group's
       gathers, benchmarks/zero3_sc21.py's docstring) is the group's, not the GPU's. A torch plan on
       A100 or H100 lies in its own engine's measured setting instead, whose runs shard across nodes
-      too (LLM Foundry's on 8-128 A100, torchtitan's FSDP over dp_shard across nodes), and whose
-      error has the other sign (predicted long): newcomer trial 48 got both lines on one row, one
-      saying short and one long.
+      too (LLM Foundry's on 8-128 A100, torchtitan's FSDP over dp_shard across nodes): newcomer trial
+      48 got both lines on one row. (Both settings' steps are predicted short: SC'21's error is of the
+      step, signed -, torchtitan's and LLM Foundry's of tokens/s, signed +; until session 49 the line
+      read the latter as "the step predicted long".)
 
     >>> [f.runs for f in settings_of("zero3", "megatron", "h200-sxm-141gb", 64)]
     ["the SC'21 ZeRO-3 runs"]
@@ -155,6 +158,18 @@ def settings_of(sharding: str, framework: str, gpu: str, shard_nodes: int) -> tu
     return tuple(out)
 
 
+def _direction(f: Fidelity) -> str:
+    """Which way the setting's step errs, in the words of its benchmark's quantity (:attr:`Fidelity.throughput`).
+
+    >>> _direction(ZERO3_SC21), _direction(TORCHTITAN_H100), _direction(DEVELOPMENT)
+    (', the step predicted short', ', tokens/s predicted high (the step short)', '')
+    """
+    if f.throughput:
+        return ", tokens/s predicted high (the step short)" if f.above else (
+            ", tokens/s predicted low (the step long)" if f.below else "")
+    return ", the step predicted short" if f.below else ", the step predicted long" if f.above else ""
+
+
 def setting_line(who: str, settings: tuple[Fidelity, ...], framework: str = "torch",
                  rows: tuple[str, ...] = (), head: str = "warning") -> str:
     """One ``warning:`` line where ``who`` (``row 1 (dp_shard 512 x cp 2 ...)``, ``b``) lies in
@@ -168,7 +183,7 @@ def setting_line(who: str, settings: tuple[Fidelity, ...], framework: str = "tor
     >>> setting_line("row 1", (ZERO3_SC21,))
     "warning: row 1 lies where meshplan's step error was measured larger than on the development set (mean |error| 1.9%, max 2.9%): ZeRO-3 sharded across nodes as on the SC'21 ZeRO-3 runs (DeepSpeed ZeRO-3 GPT-3 175B on 384-1,536 A100 (SC'21)): mean |error| 34.4%, -28% to -41%, the step predicted short (benchmarks/zero3_sc21.py; docs/fidelity.md); measure before choosing"
     >>> print(setting_line("this mesh", (TORCHTITAN_H100,), "megatron", h100_rows(False, True, 4)))
-    warning: this mesh lies where meshplan's step error was measured larger than on the development set (mean |error| 1.9%, max 2.9%): framework megatron on H100, whose runs there were not measured; the H100 runs that were, torchtitan H100 runs (torchtitan Llama 3.1 on H100): mean |error| 17.3%, +3% to +45%, the step predicted long; its async-TP gain predicted at +14% to +20% where +6% to +16% was published (a TP overlap's saving over-predicted); its pp rows (T5) predicted +19% to +24% above published (benchmarks/torchtitan_h100.py; docs/fidelity.md); measure before choosing
+    warning: this mesh lies where meshplan's step error was measured larger than on the development set (mean |error| 1.9%, max 2.9%): framework megatron on H100, whose runs there were not measured; the H100 runs that were, torchtitan H100 runs (torchtitan Llama 3.1 on H100): mean |error| 17.3%, +3% to +45%, tokens/s predicted high (the step short); its async-TP gain predicted at +14% to +20% where +6% to +16% was published (a TP overlap's saving over-predicted); its pp rows' (T5) tokens/s predicted +19% to +24% above published (benchmarks/torchtitan_h100.py; docs/fidelity.md); measure before choosing
     """
     if not settings:
         return ""
@@ -177,7 +192,7 @@ def setting_line(who: str, settings: tuple[Fidelity, ...], framework: str = "tor
     what = {ZERO3_SC21: "ZeRO-3 sharded across nodes as on", LLMFOUNDRY_A100: "torch FSDP on A100 as on",
             TORCHTITAN_H100: h100}
     parts = [f"{what[f]} {f.runs} ({f.setting}): {f.text()}"
-             + (", the step predicted short" if f.below else ", the step predicted long" if f.above else "")
+             + _direction(f)
              + "".join(f"; {r}" for r in (rows if f is TORCHTITAN_H100 else ()))
              + f" ({f.source}; docs/fidelity.md)" for f in settings]
     return (f"{head}: {who} lies where meshplan's step error was measured larger than on the development set "
