@@ -2,6 +2,7 @@
 unless a mesh changing them plans more than REMESH_MARGIN (29.4%) more tokens/s; the kind is also tried at
 another global batch (all GPUs) and on fewer GPUs; one alternative shown at most."""
 
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +12,10 @@ from meshplan.mesh.resolve import resolve_mesh
 from meshplan.restart import PipelineRule, restart_on_fewer_nodes
 from meshplan.spec.accuracy import REMESH_MARGIN, RESTART_MARGIN
 from meshplan.spec.mesh import MeshSpec
+from meshplan.config import config_from_dict
+from meshplan.plan import build_plan
 from tests.cli_run import run_main
+from tests.fsdp2_tail import tail_of
 
 
 def _restart(pp_gain: float):
@@ -124,15 +128,23 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     stage 0 spends its 512 calls' transfers at 111.0 us, -512 x 610.8 us = -312.7 ms, and the critical path's first
     forward out and last backward back cross the 14 NVLink boundaries once each, -2 x 14 x 610.8 us = -17.1 ms:
     36.07 -> 35.74 s (117,344 tokens/s), the same proposal. Under nic49 (FSDP2's reduce-scatters on
-    their own stream, one in flight, each beside the next layer's all-gather at a max-min fair share of
-    the NICs: schedule/unit_events.py, schedule/nic_fair.py) only the exposed fsdp part moves (compute,
-    cp and tp to the microsecond): the 128-GPU plan's 183.038 -> 302.718 ms (+119.680 ms, 7.480 ms a
-    backward unit x 16 micro-batches), 31.150 -> 31.270 s (134,132 tokens/s); the kind's 193.061 ->
-    320.791 ms (+127.730 ms, 7.514 ms a backward x 17), 33.105 -> 33.233 s (510 x 8192 / 33.2325 =
-    125,718 tokens/s); the alternative (pp 28: FSDP over cp 2 inside a node, kept gathered under pp)
-    11.215 -> 12.944 ms, 35.7437 -> 35.7454 s (117,338 tokens/s). These
-    per-backward amounts are READ from the model (step_breakdown of the three plans, main against
-    nic49c), not derived layer by layer by hand; the same proposal, the kind 7.1% over the alternative."""
+    their own stream with one in flight, beside the all-gathers at a max-min fair share of the NICs:
+    schedule/unit_events.py, schedule/nic_fair.py, schedule/grad_reduce.py rs_buffer_wait) only the
+    exposed fsdp part moves (compute, cp and tp to the microsecond), and by hand (tests/fsdp2_tail.py):
+    each layer's backward all-gather (4.648 ms alone, demand 0.9061 of the NIC) runs beside the
+    reduce-scatter issued 0.576 ms before it (demand 0.9237), each at the max-min level 1/2, so 4.648
+    x 0.9061 / 0.5 = 8.423 ms, done 9.0 ms into the layer's 16.19 ms of backward: nothing exposed.
+    What moves is each backward's end: the embedding's copy-in now waits for layer 0's reduce-scatter
+    (alone on the NIC, no all-gather left: the table's 9.1190 ms, the kind's 9.1280 ms) past the
+    embedding's tp all-gather and gradient (1.2111 ms): w = 7.9079 ms exposed a backward (the kind
+    9.1280 - 1.2112 = 7.9168 ms), while the last backward's tail, the embedding's reduce-scatter no
+    longer queued behind layer 0's, is w - copy-in (1.0613 ms) shorter: the step moves (m - 1) x w +
+    copy-in, the 128-GPU plan 15 x 7.9079 + 1.0613 = 119.680 ms, 31.150 -> 31.270 s (134,132 tokens/s);
+    the kind 16 x 7.9168 + 1.0615 = 127.730 ms, 33.105 -> 33.233 s (510 x 8192 / 33.2325 = 125,718
+    tokens/s). The alternative (pp 28: FSDP over cp 2 inside a node, kept gathered under pp) 11.215 ->
+    12.944 ms of exposed fsdp, 35.7437 -> 35.7454 s (117,338 tokens/s): that +1.73 ms is READ from the
+    model (step_breakdown, main against nic49c), not derived by hand. The same proposal, the kind 7.1%
+    over the alternative."""
     from typer.testing import CliRunner
     from meshplan import cli
     cfg = tmp_path / "q1top.toml"
@@ -148,7 +160,15 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     assert round(32.50 + 80 * 17 * layer, 2) == 32.41 and round(30.58 + 80 * 16 * layer, 2) == 30.50
     ring = 384.3e-6 + (2 * 195.7 + 384.3 - 2 * 36.3) * 1e-6 * 24 / 132   # s a layer and micro-batch (docstring)
     assert (round(32.41 + 80 * 17 * ring, 2), round(30.50 + 80 * 16 * ring, 2)) == (33.11, 31.16)  # 33.10, 31.15 unrounded
-    nic = (0.127730, 0.119680)   # s of exposed fsdp added under nic49, read from the model (docstring)
+    # nic49: (m - 1) x w + copy-in from each plan's own table and kernels (docstring; tests/fsdp2_tail.py),
+    # against the step the model plays; 33.104795 and 31.150293 s the steps before nic49 (rounded to 1 us)
+    kind = Q1TOP.replace("nodes = 16", "nodes = 15").replace("global_batch = 512", "global_batch = 510")
+    nic = []
+    for text, base, m in ((kind.replace("[32, 2, 2]", "[30, 2, 2]"), 33.104795, 17), (Q1TOP, 31.150293, 16)):
+        tail, step = tail_of(build_plan(config_from_dict(tomllib.loads(text))))
+        assert tail.m == m and step == pytest.approx(base + tail.step_delta, abs=2e-6)
+        nic.append(tail.step_delta)
+    assert (round(nic[0] * 1e3, 2), round(nic[1] * 1e3, 2)) == (127.73, 119.68)
     assert (round(33.104795 + nic[0], 2), round(31.150293 + nic[1], 2)) == (33.23, 31.27)
     assert "- planned step 33.23 s, 125,718 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
            "128-GPU plan: step 31.27 s, 134,132 tokens/s)" in lines
