@@ -26,7 +26,7 @@ def test_largest_compute_part_share_is_of_the_unrounded_gap():
 def test_largest_compute_part_of_the_mini_search():
     """The mini example's model on dp_shard 8 at micro-batch 1 against micro-batch 2 (once the
     search's #2; the search's rows are distinct meshes now, so the pair is planned here): the copies
-    on the compute stream are issued per micro-batch, so they halve at micro-batch 2 (16 -> 8
+    on the compute stream are issued per micro-batch, so they halve at micro-batch 2 (8 -> 4
     micro-batches), 297 -> 149 ms, and that part's share is of the unrounded compute gap, 148.58 of
     242.84 ms = 61%, with both differences printed so that the share can be checked. Under nic49
     (FSDP2's reduce-scatters on their own stream, one in flight: schedule/unit_events.py, grad_reduce.py
