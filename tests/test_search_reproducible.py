@@ -69,8 +69,13 @@ def test_same_json_on_a_fast_and_a_slow_machine(monkeypatch):
     time-ordered NIC sharing the top's steps move (dp_shard 64 17.2 -> 15.7 ms, the 5th mesh now dp_replicate
     8 x dp_shard 8, full, 20.7 ms, where it was 19.9 ms), so the ranking plans further down the bounds and
     plans "dp_replicate 16 x dp_shard 4, mb 1, full, vpp 1, hsdp" (undecided before, its step alone 21.2 ms):
-    over memory, rejected: memory 74 -> 75, undecided 241 -> 240; the top rows' step changes are not broken
-    down here.)"""
+    over memory, rejected: memory 74 -> 75, undecided 241 -> 240. These counts and steps are READ from the
+    model (the search run, main against nic49), not derived by hand: which candidates the ranking plans
+    follows from every row's step and bound. dp_shard 64's move is the one-queue cycle undone: each
+    backward layer's reduce-scatter (0.6480 ms alone) and the next all-gather (0.4123 ms) queued one after
+    the other, 1.0603 ms a layer, now run together at max-min shares of the NIC and the layer's compute,
+    0.8702 ms, sets the cycle (6 cycles x 0.1901 ms = 1.14 ms of the 1.47); the head's and the tail's
+    parts are not broken down here.)"""
     cfg = config(**CASES["64"], settle_max=20)
     fast = search(cfg, workers=1)
     ticks = itertools.count()
