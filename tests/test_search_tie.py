@@ -143,8 +143,9 @@ def test_rows_are_distinct_meshes_the_page_carries_every_line(tmp_path, capsys):
     row 4 behind dp_shard 16 x cp 2 x tp 4 (1.396 s, full recompute), row 3; the HSDP cp 2 meshes slower
     too (dp_replicate 4 x dp_shard 4 x cp 2 x tp 4 1.397 -> 1.527 s, row 9, shown at a safer setting):
     the rows shown so are 3, 4 and 9. (nic49, every running collective at its max-min NIC share from
-    each event on, FSDP2's reduce-scatters one in flight; the steps measured, not broken down per unit
-    here: dp_shard 16 x tp 8 1.115 -> 1.132 s and dp_replicate 2 x dp_shard 8 x tp 8 1.118 -> 1.157 s,
+    each event on, FSDP2's reduce-scatters one in flight; the steps below and so the rows shown are READ
+    from the model (the search's exact steps, main against nic49), not derived by hand nor broken down
+    per unit: dp_shard 16 x tp 8 1.115 -> 1.132 s and dp_replicate 2 x dp_shard 8 x tp 8 1.118 -> 1.157 s,
     rows 1 and 2 (exposed fsdp 0.060 -> 0.079 and 0.009 -> 0.084 s); dp_replicate 4 x dp_shard 4 x tp 8's
     safer setting, none resharded, 1.400 -> 1.498 s (exposed fsdp 0.291 -> 0.394 s), so its fastest setting
     that keeps 15% free is full kept gathered, 1.446 s: row 6, shown so; dp_shard 8 x cp 2 x tp 8 1.528 ->
