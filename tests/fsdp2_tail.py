@@ -32,6 +32,9 @@ The step (pp 1: the units one after another, the last one's tail after them) mov
 all-gather, sharing the NIC with the reduce-scatter before it, still ends before its layer's backward
 needs it (checked by each test against the model's step, not assumed here).
 
+Under pp the reduce-scatters wait for the chunk's last backward (:func:`deferred_wait`): one in flight
+serializes each layer's copy-in behind the reduce-scatter before it.
+
 The inputs are the model's own: ``rs`` and ``rs_embed`` the collective table's (size over busbw,
 tested elsewhere), their demands the table's NIC shares (comm_times.nic_share), ``before``, ``copy_in``,
 ``lead``, ``F`` and ``copy_layer`` the compute stream's kernels (their durations, none of which shares
@@ -92,21 +95,28 @@ class Tail:
         return self.m * (self.w + self.h) - (self.w - self.copy_in)
 
 
-def tail_of(plan) -> tuple[Tail, float]:
-    """(``plan``'s :class:`Tail`, its step in seconds): the step played once, its backward unit kept."""
+def units_of(plan) -> tuple[list, float]:
+    """([(flags, UnitSim, CommTimes) of each backward unit the step plays], the step in seconds):
+    ``flags`` the keywords :func:`~meshplan.schedule.rank_timeline.backward_unit` was called with."""
     seen = []
     real = unit_times.backward_unit
 
     def keep(kind, chunk, comm, w, ov, **kw):
         sim = real(kind, chunk, comm, w, ov, **kw)
-        seen.append((sim, comm))
+        seen.append((kw, sim, comm))
         return sim
     unit_times.backward_unit = keep
     try:
         step = step_time(plan).step_s
     finally:
         unit_times.backward_unit = real
-    sim, comm = seen[0]
+    return seen, step
+
+
+def tail_of(plan) -> tuple[Tail, float]:
+    """(``plan``'s :class:`Tail`, its step in seconds): the step played once, its backward unit kept."""
+    units, step = units_of(plan)
+    _, sim, comm = units[0]
     ev = list(sim.events)
     dur = {e.name: e.end_s - e.start_s for e in ev}
     top = next(e for e in ev if e.name == "fsdp RS root_head").start_s
@@ -117,3 +127,20 @@ def tail_of(plan) -> tuple[Tail, float]:
     return Tail(comm.t[RS], sum(dur.get(n, 0.0) for n in BEFORE), dur["fsdp RS copy-in root_embed"],
                 comm.t[RS_EMBED], plan.micro_batches, comm.t[RS_HEAD], comm.t[AG], comm.nic[RS_HEAD],
                 comm.nic[AG], dur[last], free - top, copy.end_s - copy.start_s), step
+
+
+def deferred_wait(plan) -> tuple[float, float]:
+    """(seconds the one reduce-scatter in flight adds to stage 0's deferred reduction, the step). Under pp
+    FSDP2 reduce-scatters after the chunk's last backward (torch's ``perform_reduce_grad``:
+    rank_timeline.backward_unit ``deferred``), the embedding's unit first, then each layer's (copy-in,
+    reduce-scatter). One queue: the copy-ins ran back to back on the compute stream while the
+    reduce-scatters queued one behind the other, so the stage ended with the last reduce-scatter, each
+    copy-in shorter than the reduce-scatter before it; one in flight: each layer's copy-in waits for the
+    reduce-scatter before it, so the stage's end moves by the layers' copy-ins, their sum returned (the
+    step moves by it where stage 0's last backward ends the step: checked by the test, not assumed)."""
+    units, step = units_of(plan)
+    _, sim, comm = next(u for u in units if u[0].get("deferred") and u[0].get("stage_last")
+                        and u[0].get("last_grad_unit") and any(e.name == "embedding grad" for e in u[1].events))
+    copies = [e.end_s - e.start_s for e in sim.events if e.name.startswith("fsdp RS copy-in L")]
+    assert copies and max(copies) < min(comm.t[RS], comm.t[RS_EMBED]), "each copy-in shorter than a reduce-scatter"
+    return sum(copies), step
