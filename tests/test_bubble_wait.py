@@ -78,16 +78,22 @@ def test_small_moe_wait_by_hand(small):
     exposed pp; with asynchronous sends, as meshplan modelled torch before, - 2 p2p at m 4).
     Without the exposed ep the bubble loses m (e_f + e_b): all of stage 1's exposed ep. Megatron-LM's
     blocking sends hold each stage for its partner but leave stage 1 back to back, so the wait
-    is all of it there too. (NIC sharing, schedule/unit_sim.py StreamSim._nic: under torch the last
+    is all of it there too. (NIC sharing, schedule/nic_fair.py NicBook: under torch the last
     backward's ep all-to-alls run beside the gradient reduction's pieces over dp on the same NICs, so
-    its exposed ep is 0.2527 ms more than the other micro-batches': all of stage 1's exposed ep is the
-    sum over them, m e where the micro-batches agree.)"""
+    its exposed ep is 0.4445 ms more than the other micro-batches': all of stage 1's exposed ep is the
+    sum over them, m e where the micro-batches agree. By hand: layer 1's reduce-scatter (1.3294 ms
+    alone, NIC demand 0.879) issued at 19.6154 ms has 0.6032 ms left when the expert dispatch (2.0469
+    ms alone, demand 0.860) is issued at 20.3416 ms; both over the fair half (max-min), each at half the
+    NIC: the reduce-scatter at 0.5 / 0.879 = 0.5686 of its speed ends 1.0608 ms later (+0.4576 ms, dp),
+    the dispatch does 0.5811 x 1.0608 = 0.6164 ms of its work meanwhile and 1.4305 ms alone after:
+    2.4914 ms, +0.4445 ms, which the compute waits for. 0.2527 ms when the earlier collective kept its
+    end (the dispatch alone slowed: 0.5811 x 0.6032 done in 0.6032 ms, 1.6964 ms after).)"""
     plan, st = small
     u, m, p2p = st.units, st.pipeline.spec.m, st.pipeline.spec.p2p_s
     f0, b0, f1, b1 = (u.get(s, 0, k, 0).duration_s for s, k in ((0, "F"), (0, "B"), (1, "F"), (1, "B")))
     e = sum(u.get(1, 0, k, 0).exposed_s["ep"] for k in "FB")
     every = sum(u.get(1, 0, k, j).exposed_s["ep"] for k in "FB" for j in range(m))  # m e, or more (torch)
-    assert every - m * e == pytest.approx(2.527e-4 if plan.config.training.framework == "torch" else 0.0, abs=1e-7)
+    assert every - m * e == pytest.approx(4.445e-4 if plan.config.training.framework == "torch" else 0.0, abs=1e-7)
     assert st.critical_stage == 0 and "ep" not in st.exposed_s and f1 + b1 - e > f0 + b0 + 2 * p2p
     bw = bubble_wait(st)
     assert (bw.stream, bw.stage, bw.stages) == ("ep", 1, (1,))
@@ -95,7 +101,7 @@ def test_small_moe_wait_by_hand(small):
     assert bw.wait_s == pytest.approx(every, rel=1e-9)
     assert bw.bubble_s == st.parts_s()["bubble"]
     if plan.config.training.framework == "torch":
-        # stage 1's units summed over the micro-batches: m (f1 + b1), and the last backward's 0.2527 ms more
+        # stage 1's units summed over the micro-batches: m (f1 + b1), and the last backward's 0.4445 ms more
         one = sum(u.get(1, 0, k, j).duration_s for k in "FB" for j in range(m))
         assert one - m * (f1 + b1) == pytest.approx(every - m * e, abs=1e-9)
         assert bw.bubble_s == pytest.approx(one - (m - 1) * (f0 + b0) + p2p, rel=1e-9)
@@ -111,16 +117,17 @@ def test_schedule_runs_wait_each_run():
     critical stage, so the run shift is its run and a later run idles as run 1 does): the bubble
     counted by stage_bubble with the later run equals the step's parts, and each run waits for
     its 2 micro-batches' exposed ep on stage 1, 4 (e_f + e_b) in all, as with one run, and each run's
-    last backward the 0.2527 ms more its ep all-to-alls wait on the NICs beside the gradient reduction's
-    pieces (NIC sharing, test_small_moe_wait_by_hand)."""
+    last backward the 0.4445 ms more its ep all-to-alls wait on the NICs beside the gradient reduction's
+    pieces (NIC sharing, test_small_moe_wait_by_hand: 0.2527 ms before the earlier reduce-scatter
+    was slowed too)."""
     from meshplan.schedule.pipeline_exposure import last_tail_s, run_shift
     st = step_time(small_moe("torch", pp_schedule_runs=2))
     res, u = st.pipeline, st.units
     assert (st.runs, res.spec.m, st.critical_stage) == (2, 2, 0)
     assert stage_bubble(res, 0, last_tail_s(res, 0, u), 1, run_shift(res, u)) == st.parts_s()["bubble"]
     e = sum(u.get(1, 0, k, 0).exposed_s["ep"] for k in "FB")
-    last = sum(u.get(1, 0, k, 1).exposed_s["ep"] for k in "FB") - e  # 0.2527 ms
-    assert last == pytest.approx(2.527e-4, abs=1e-7)
+    last = sum(u.get(1, 0, k, 1).exposed_s["ep"] for k in "FB") - e  # 0.4445 ms
+    assert last == pytest.approx(4.445e-4, abs=1e-7)
     assert bubble_wait(st).wait_s == pytest.approx(4 * e + 2 * last, rel=1e-9)
 
 
@@ -173,11 +180,26 @@ def test_deepseek_bubble_is_mostly_the_expert_stages_all_to_alls(deepseek):
     assert bw.stream == "ep" and sorted(bw.stages) == list(range(1, 15))  # tied within 1e-9, any first
     assert bw.wait_s > 0.5 * bw.bubble_s and bw.bubble_s > 0.5 * st.step_s
     lines = network_verdict(plan, st, bw=bw)
-    # 25814.30 ms before NIC sharing: the last backward's ep all-to-alls beside the gradient reduction's pieces
-    assert "(stages 1-14 the most: 25821.10 ms each per step)" in lines[0]
-    # 28.8 s of 51.7 s, stage 0 waiting 28.6 s, before NIC sharing (each expert stage's last backward longer)
-    assert lines[1].startswith("verdict: network-bound: 28.9 s of the 51.8 s step is exposed communication or "
-                               "waiting for it, most on ep (stage 0 waits 28.7 s for it in its bubble; stages 1-14 "
+    # 25814.30 ms before NIC sharing: the last backward's ep all-to-alls beside the gradient reduction's pieces;
+    # 25821.10 ms before max-min sharing slowed the earlier collective too: +6.0091 ms in each expert stage's
+    # last backward. By hand at layer 1: the dispatch (8.9044 ms alone, NIC demand 0.923) is issued 2.5364 ms
+    # after the experts' reduce-scatter (7.4832 ms alone, demand 0.942); both over the fair half, each at half
+    # the NIC: the reduce-scatter's 4.9468 ms left take 4.9468 x 0.942 / 0.5 = 9.3162 ms, the dispatch does
+    # 0.5416 x 9.3162 ms meanwhile and 3.8590 ms after: 13.1752 ms, 2.0031 ms more than when the reduce-scatter
+    # kept its end (4.9468 + 8.9044 - 0.5416 x 4.9468 = 11.1721 ms); the unit's layers before it 4.0060 ms
+    # the same way (its events there already 4.0060 ms later)
+    assert "(stages 1-14 the most: 25827.11 ms each per step)" in lines[0]
+    # 28.8 s of 51.7 s, stage 0 waiting 28.6 s, before NIC sharing (each expert stage's last backward longer);
+    # 28.9 of 51.8 s, waiting 28.7 s, before the earlier collective was slowed too: the 14 expert stages'
+    # last backwards drain one after another, 14 x 6.0091 = 84.1 ms more of step and of stage 0's wait
+    # (51.820 -> 51.904 s, 28.742 -> 28.826 s). 51.904 -> 51.847 s in the event-ordered run (unit_events): the
+    # MoE stages' forward unit (4 layers) is main's again to the bit (113.908 ms, no two network collectives at
+    # once in it); nicshare4's pass iteration had each layer's mlp 0.0283 ms longer (5.5592 ms against 5.5309),
+    # slowed by the ep dispatch's SM share over an interval the dispatch no longer had (its end moved by a
+    # forecast pass, the SM list kept the old one), 4 x 0.0283 = 0.113 ms a forward unit and its backward's
+    # replay likewise (270.248 -> 269.932 ms); stage 0's wait (28.826 s) and stages 1-14's 25827.11 ms unchanged
+    assert lines[1].startswith("verdict: network-bound: 29.0 s of the 51.8 s step is exposed communication or "
+                               "waiting for it, most on ep (stage 0 waits 28.8 s for it in its bubble; stages 1-14 "
                                "expose 25.8 s of it per step each): each rank of stage 1 sends 1,332 GB per step on "
                                "it (forward all-to-all 444 GB, backward all-to-all 888 GB (444 GB of it the "
                                "recompute's replay)), 1,183.8 GB of it across the network (the rest over NVLink) "
@@ -233,5 +255,6 @@ def test_step_json_computes_the_wait_once(tmp_path, monkeypatch, capsys):
         "wait_s": pytest.approx(bw.wait_s, rel=1e-12), "bare_bubble_s": pytest.approx(bw.bare_bubble_s, rel=1e-12)}
     assert doc["verdict"][0] == network_verdict(plan, st, bw=bw)[0] in printed
     # 147.68 ms before torch's 1F1B calls waited (+ 3 transfers of 0.37 ms: test_small_moe_wait_by_hand);
-    # 148.77 and 101.08 ms before NIC sharing (the last backward's 0.2527 ms more exposed ep, both)
-    assert doc["verdict"][0].startswith("bubble on stage 0: 149.02 ms, of which 101.33 ms waiting for the ep")
+    # 148.77 and 101.08 ms before NIC sharing (the last backward's 0.2527 ms more exposed ep, both);
+    # 149.02 and 101.33 ms before the earlier collective was slowed too: 0.4445 - 0.2527 = 0.19 ms more, both
+    assert doc["verdict"][0].startswith("bubble on stage 0: 149.22 ms, of which 101.52 ms waiting for the ep")

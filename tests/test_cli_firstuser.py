@@ -65,7 +65,12 @@ def test_step_and_compare_take_plan_calibration(nic_cal, capsys):
     rank's bus bandwidth over the network is 2 NICs x 40 GB/s / 8 GPUs = 10 GB/s, below the
     catalog's measured 11.8 GB/s, so the FSDP collectives and the step get longer. A layer's
     all-gather (213,942,272 B over dp_shard 8) sends 7/8 of it: 187,199,488 B / 10 GB/s =
-    18.72 ms plus latency; step's duration of that collective is plan's table time."""
+    18.72 ms plus latency; step's duration of that collective is at least plan's table time and at
+    most twice it. (nicshare: it was the table time; under torch FSDP2 issues its reduce-scatters on
+    their own stream, torch 2.13 _fsdp_param_group.py 89-92, so a backward all-gather runs beside the
+    previous layer's reduce-scatter on the same NIC, the two at their max-min fair shares: each
+    demand at most 1, its share at least 1/2, so at least half its speed; nothing else of this mesh
+    crosses the NIC (tp 8 is inside a node). 29.838 ms of the 18.73 ms table time here.)"""
     rc, plain, _ = run(["step", SEED], capsys)
     assert rc == 0
     rc, cal, err = run(["step", SEED, "--calibration", nic_cal], capsys)
@@ -77,8 +82,9 @@ def test_step_and_compare_take_plan_calibration(nic_cal, capsys):
     time_us, busbw = float(row[-3].replace(",", "")), row[-1]
     assert busbw == "10.0"
     assert time_us == pytest.approx(187_199_488 / 10e9 * 1e6, rel=1e-3)
-    assert _duration_ms(cal, "fsdp", "backward", "all-gather") == pytest.approx(time_us / 1e3, abs=1e-3)
-    assert _duration_ms(plain, "fsdp", "backward", "all-gather") < time_us / 1e3
+    shown = _duration_ms(cal, "fsdp", "backward", "all-gather")
+    assert time_us / 1e3 - 1e-3 <= shown <= 2 * time_us / 1e3 + 1e-3
+    assert _duration_ms(plain, "fsdp", "backward", "all-gather") < shown
     # compare applies it to both configs: the seed's step is step's calibrated one
     rc, text, err = run(["compare", SEED, TP4, "--calibration", nic_cal, "--out", nic_cal.parent / "cmp"], capsys)
     assert rc == 0, err

@@ -302,24 +302,39 @@ def _seed_with(**training):
 
 def test_same_mesh_other_recompute_is_weighed_as_the_knob(seed_pair):
     """The seed mesh with selective and with full recompute: not identical; the step is the same
-    (the seed's step is bound by exposed FSDP traffic, 331.380 s both), so the search's tie rule
+    (the seed's step is bound by exposed FSDP traffic, 324.728 s both), so the search's tie rule
     decides: one setting off its default each, then the cheaper recompute, selective, as the
     search lists them (searchknobs: one rule through the search's key; full won before for its
     lower peak, 19.5 against 43.3 GiB, a criterion the settings now come before). The reason
-    names the knob, not the mesh."""
+    names the knob, not the mesh.
+    (nicshare4: 331.380 s before FSDP2's reduce-scatters ran on their own stream, sharing the NIC
+    max-min (Overlap.fsdp_rs_queue, nic_fair.NicBook). A backward layer's reduce-scatter (31.824 ms
+    alone, demand 0.9412 of the NIC) and the next layer's prefetched all-gather (15.925 ms, 0.9404)
+    ran one after the other on one queue, 47.749 ms a layer; now the all-gather, issued 0.144 ms
+    (the layer's copy-out) after the reduce-scatter, runs beside it, both over half the NIC so each
+    at 0.5: the all-gather 15.925 x 0.9404 / 0.5 = 29.952 ms, the reduce-scatter 0.144 ms alone,
+    29.952 ms at 0.5 / 0.9412 (15.912 ms of its work), its 15.768 ms left alone: 45.864 ms; the next
+    layer's copy-in waits for it (one in flight), 0.216 ms: 46.080 ms a layer. Each micro-batch's
+    backward unit 3847.321 -> 3743.881 ms (80 layers and the head's and embedding's units), the
+    last one's tail 70.269 -> 39.066 ms: 331.3798 - 64 x 0.103440 - 0.031203 = 324.7284 s.)"""
     full = _seed_with(recompute="full")
     c = compare(seed_pair[0], full, names=("selective", "full"))
     assert not c.identical and (c.winner, c.rejected) == ("selective", "full")
     assert c.knobs == (("training.recompute", "selective", "full"),)
     assert c.decided_by == "cheaper recompute (selective vs full)"
     assert c.reasons[:2] == (
-        "step times within 1% (selective 331.380 s, full 331.380 s): selective is listed first by the "
+        "step times within 1% (selective 324.728 s, full 324.728 s): selective is listed first by the "
         "search's tie rule: cheaper recompute (selective vs full)",
         "same mesh (dp_shard 8 x tp 8); the plans differ in training.recompute selective against full (selective "
         "against full): the difference comes from these knobs, not from the mesh")
     # recompute costs no time here: with torchtitan's FSDP2 units (the embedding re-gathered in
     # every backward) the FSDP stream alone bounds the seed's step, whatever the compute
     assert c.a.step_s <= c.b.step_s < 1.01 * c.a.step_s
+    ag, rs = 15.925 * 0.9404 / 0.5, 0.144 + 29.952 + (31.824 - 0.144 - 29.952 * 0.5 / 0.9412)
+    assert (round(ag, 2), round(rs, 2), round(rs + 0.216, 2)) == (29.95, 45.86, 46.08) and 15.925 + 31.824 == 47.749
+    bw = c.a.step.units.get(0, 0, "B", 3)
+    assert (round(bw.duration_s * 1e3, 3), round(bw.tail_s * 1e3, 3)) == (3743.881, 39.066)
+    assert 331.3798 - 64 * (3847.321 - 3743.881) / 1e3 - (70.269 - 39.066) / 1e3 == pytest.approx(c.a.step_s, abs=1e-4)
 
 
 def test_framework_and_its_vocabulary_padding_are_knobs(seed_pair):
@@ -522,7 +537,29 @@ def test_framework_kernel_choices_itemise_compute():
     (testreams: TE runs the forward's lse corrections of steps 0-6 on its other flash stream beside
     calls 1-7 of about 1 ms, meshplan.compute.te_ring.side_stream: 7 floored kernels hidden, twice
     with the full-AC replay, 2 x 7 x 4.7 = 65.8 us a layer: 886.7 us, x 80 x 16 = 1.135 s; the step
-    82.4 -> 82.3 s, the compute difference still -39.2 s.)"""
+    82.4 -> 82.3 s, the compute difference still -39.2 s.)
+    (nic49: the units played in time order, every running collective at its max-min share of the NIC
+    from each event on (schedule.unit_events), where main's rule left the collective issued first at its
+    full speed and gave the later one the rest. Torch's side 162.350 -> 170.005 s, compute unchanged,
+    all of it exposed cp. Forward, a layer: the FSDP all-gather (4.3058 ms alone, demand 0.9316)
+    runs alone 1.443 ms, then beside the cp K/V all-gather (10.000 ms, 0.9395) at half the NIC each:
+    its 2.8628 ms left at 0.5 / 0.9316 take 5.334 ms, it ends at 6.777 ms (4.306 before); the cp
+    gather's 2.8387 ms of work done meanwhile, its 7.1613 ms left alone: 12.495 ms (11.339 before, at
+    its half beside a gather at full speed), +1.156 ms x 79 layers and +1.554 ms on the first
+    (13.347 against 11.793): each forward unit +92.87 ms. Backward, a layer (the recompute's cp K/V
+    gather, which its attention waits for): the layer's reduce-scatter (8.5646 ms, demand 0.9367), the
+    all-gather two layers on (4.3058 ms, 0.9316) issued 0.144 ms later on FSDP2's other stream, and
+    the cp gather (10.000 ms, 0.9395) 1.587 ms after the reduce-scatter: the reduce-scatter alone 0.144
+    ms; both FSDP collectives at half 1.443 ms (0.7703 and 0.7745 ms of work); the three at a third
+    until the all-gather ends at 11.456 ms (9.869 ms: 3.512 ms of the reduce-scatter's work, 3.502 of
+    the cp gather's); the reduce-scatter and the cp gather at half until the reduce-scatter ends at
+    19.209 ms (7.753 ms, 4.126 ms of the cp gather's); the cp gather's 2.372 ms left alone: it ends
+    19.994 ms after its start, where main ran the reduce-scatter at full speed, then the all-gather
+    after it on the same stream, the cp gather at its half beside each (6.977 + 4.306 ms, 6.005 ms of
+    work) and its 3.995 ms left alone: 15.278 ms. +4.716 ms a layer x 78, +5.176 and +5.519 ms on the
+    two first layers (20.908 and 21.705 against 15.732 and 16.186), and the embedding's all-gather,
+    now beside the last reduce-scatter, 14.053 ms (5.276 alone): exposed fsdp +7.46 ms; each backward
+    unit +386.02 ms, the last tail 17.698 -> 10.504 ms. 16 x (92.872 + 386.018) - 7.194 = 7655.05 ms.)"""
     from meshplan.compare.kernels import choice_seconds
     from meshplan.config import config_from_dict
     from meshplan.schedule.workload import chunk_costs, workload_of
@@ -534,9 +571,24 @@ def test_framework_kernel_choices_itemise_compute():
     b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh}))
     c = compare(a, b, names=("torch", "megatron"))
     pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
-    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (162.3, 82.3)  # 153.9 before NIC sharing; 81.2 before te_ring; 82.4 before testreams
+    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (170.0, 82.3)  # 153.9 before NIC sharing; 162.3 before nic49; 81.2 before te_ring; 82.4 before testreams
     assert "exposed cp" not in pb and 16384 * 1 * 256 * 2 == 8 * 2 ** 20
-    assert round(pa["exposed cp"], 1) == 40.2  # 3.3 s under all-gather CP's rows, 31.7 before NIC sharing
+    assert round(pa["exposed cp"], 1) == 47.7  # 3.3 s under all-gather CP's rows, 31.7 before NIC sharing, 40.2 before nic49
+    # nic49 (docstring): the forward's FSDP all-gather and cp K/V gather, the backward's three, by hand
+    ag, kv, rs = 0.5 / 0.9316, 0.5 / 0.9395, 0.5 / 0.9367   # rates at half the NIC
+    ag_end = 1.443 + (4.3058 - 1.443) / ag
+    assert (round(ag_end, 3), round(ag_end + 10.0 - (ag_end - 1.443) * kv - 1.443, 3)) == (6.777, 12.495)
+    assert round(4.3058 + 10.0 - (4.3058 - 1.443) * kv - 1.443, 3) == 11.339   # main: the gather at full speed
+    rs_w, ag_w = 0.144 + 1.443 * rs, 1.443 * ag
+    third = (4.3058 - ag_w) / ((1 / 3) / 0.9316)
+    rs_w, kv_w = rs_w + third * (1 / 3) / 0.9367, third * (1 / 3) / 0.9395
+    half = (8.5646 - rs_w) / rs
+    assert (round(1.587 + third, 3), round(1.587 + third + half, 3)) == (11.456, 19.209)
+    assert round(third + half + 10.0 - kv_w - half * kv, 3) == 19.994
+    main_bwd = 6.977 + 4.306 + 10.0 - (6.977 + 4.306) * kv
+    assert round(main_bwd, 3) == 15.278 and round(8.5646 - 1.587, 2) == 6.98   # the cp gather 1.587 ms after the RS start
+    assert round(16 * (79 * 1.156 + 1.554 + 78 * 4.716 + 5.176 + 5.519 + 7.46) - (17.698 - 10.504), 0) \
+        == round((c.a.step_s - 162.350) * 1e3, 0) == 7655
     assert round(1 - 200_570_880 / 50e9 / 4.3058e-3, 4) == 0.0684 < 0.5  # the NIC leaves a send less than its half
     assert round(0.1874 / (0.5 / (8 * 2 ** 20 / 50e9 / 0.1874e-3)), 3) == 0.336
     assert round(pb["compute"] - pa["compute"], 1) == -39.2
@@ -676,7 +728,14 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     each layer's last fp32 dK/dV shift is exposed: row4 (cp 2 on NVLink, 67,108,864 B, 202.1 us) adds
     256 x 20 x 202.1 us = 1.035 s exposed cp and 0.012 s bubble, 61.782 s; top1 (cp 4: 3 of its 4 shifts
     also outlast the SDPA step they run beside) 1.844 s and 0.025 s, 63.821 s; row4 3.2% shorter
-    (tests/test_search_explain.py test_no_row_is_faster_than_the_line_says_llama3_70b, the same meshes)."""
+    (tests/test_search_explain.py test_no_row_is_faster_than_the_line_says_llama3_70b, the same meshes).
+
+    Under FSDP2's one reduce-scatter in flight (Overlap.fsdp_rs_queue, torch 2.13
+    _fsdp_param_group.py 639-658; FSDP over dp_shard x cp, torchtitan's, so top1's cp 4 too) stage 0's
+    deferred reduction after its last backward runs each layer's copy-in between the reduce-scatters,
+    no longer all ahead of them: top1's 10 layers x 0.8643 ms (tp 2), row4's 20 x 0.4322 ms (tp 4),
+    the same bytes a stage: 8.64 ms more of exposed fsdp each, the tail 40.383 -> 49.026 and 411.362
+    -> 420.005 ms: top1 63.830 s, row4 61.790 s, still 3.2% shorter."""
     import tomllib
 
     from meshplan.compute.kernel_fragment import kernel_data
@@ -690,11 +749,12 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())
     assert (doc["winner"], doc["rejected"], doc["decided_by"]) == (
-        "row4", "top1", "shorter step by more than 1% (61.782 s vs 63.821 s, 3.2% shorter)")
-    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (63.821, 61.782)
-    assert doc["reasons"][0] == "row4 predicts a 3.2% shorter step (61.782 s vs 63.821 s)"
+        "row4", "top1", "shorter step by more than 1% (61.790 s vs 63.830 s, 3.2% shorter)")
+    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (63.830, 61.790)
+    assert doc["reasons"][0] == "row4 predicts a 3.2% shorter step (61.790 s vs 63.830 s)"
     assert 8192 // 2 * 16 * 256 * 4 == 67_108_864  # row4's shift: 8,192 / cp 2 tokens x 16 heads x (128 + 128) x 4 B
-    assert round(60.735 + 256 * 20 * 202.1e-6 + 0.012, 3) == 61.782
+    assert round(60.735 + 256 * 20 * 202.1e-6 + 0.012, 3) == 61.782  # before FSDP2's one reduce-scatter in flight
+    assert (round(61.7817 + 20 * 0.4322e-3, 3), round(63.8210 + 10 * 0.8643e-3, 3)) == (61.790, 63.830)  # unrounded steps before
     assert [round(62.040 - 6 * 8_388_608 * 10 * 512 / 2.97e12, 3), round(60.764 - 2 * 8_388_608 * 20 * 256 / 2.97e12, 3)
             ] == [61.953, 60.735]   # 61.952 unrounded: 62.0395
     # the attention of one layer on stage 0, cp rank 0's calls (docstring), and what it adds a step

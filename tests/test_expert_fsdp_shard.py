@@ -100,10 +100,18 @@ def test_expert_gathers_are_prefetched_beside_the_layers(plan):
     Each of those gathers is issued beside the dense block's FSDP all-gather (84,164,608 B over dp_shard
     32, 8 a node, 0.3067 ms), which holds 31/32 x 84,164,608 / 8 = 10,191,808 B / 50 GB/s = 0.2038 ms of
     its 0.3067: 0.6646 of each rank's NIC; the experts' gather holds 3/4 x 352,321,536 = 264,241,152 B /
-    50 GB/s = 5.2848 of its 5.6254 ms: 0.9395 (schedule/comm_times.py nic_share). Issued after the dense
-    one, the NIC leaves it 1 - 0.6646 = 0.3354, less than its fair half (two running), so it runs at
-    0.5 / 0.9395 = 0.5322 of its speed for 0.3067 ms (StreamSim._nic): its exposure is its own time +
-    0.3067 x (1 - 0.5322) = 5.6254 + 0.1435 = 5.7688 ms."""
+    50 GB/s = 5.2848 of its 5.6254 ms: 0.9395 (schedule/comm_times.py nic_share). Issued with the dense
+    one, 0.6646 + 0.9395 > 1: the max-min level 1/2 under both demands, each gets half the NIC
+    (schedule/nic_fair.py): the dense gather runs at 0.5 / 0.6646 = 0.7523 of its speed, its 0.3067 ms
+    in 0.3067 x 2 x 0.6646 = 0.4077 ms, the experts' at 0.5 / 0.9395 = 0.5322 meanwhile: its exposure is
+    its own time + 0.4077 x (1 - 0.5322) = 5.6254 + 0.1907 = 5.8161 ms (5.7688 before the dense one was
+    slowed too: it kept its 0.3067 ms). In backward the last layer's experts' gather also meets the head's
+    reduce-scatter (demand 0.8828, r = 1.4384 ms alone), issued after the head's backward and its copy-in
+    (4.2988 ms): by then the gather did 0.2170 + (4.2988 - 0.4077) = 4.1081 ms of its 5.6254, 1.5173 left;
+    both at half, the reduce-scatter takes 2 x 0.8828 r = 2.5396 ms, the gather does 0.8828 r / 0.9395 =
+    1.3516 ms meanwhile and the 0.1657 left alone: it ends at 4.2988 + 2.5396 + 0.1657 = 7.0041 ms, exposed
+    2.7052 ms after the head (1.5173 before: the head's reduce-scatter then took its fair half without
+    slowing the gather)."""
     from meshplan.schedule.comm_times import nic_share
     from meshplan.schedule.rank_timeline import backward_unit, forward_unit
     from meshplan.schedule.steptime import step_time
@@ -114,7 +122,7 @@ def test_expert_gathers_are_prefetched_beside_the_layers(plan):
     dense = next(r for r in plan.stage(0).collectives if r.axis == "dp_shard" and r.phase == "forward"
                  and r.op == "all-gather" and r.cadence == "every layer")
     assert (nic_share(dense), nic_share(ag)) == (pytest.approx(0.6646, abs=1e-4), pytest.approx(0.9395, abs=1e-4))
-    shared = dense.time_s * (1 - max(1 - nic_share(dense), 0.5) / nic_share(ag))  # 0.1435 ms
+    shared = dense.time_s * 2 * nic_share(dense) * (1 - 0.5 / nic_share(ag))  # 0.1907 ms
     assert ag.size_bytes == 2 * LAYER_EXPERT and rows[("forward", "all-gather")].time_s == ag.time_s
     w = workload_of(plan)
     chunk, comm = chunk_costs(plan, w)[0][0], step_time(plan).units.comms[0]
@@ -129,7 +137,15 @@ def test_expert_gathers_are_prefetched_beside_the_layers(plan):
             head = max(e.end_s for e in unit.events if e.stream == "compute" and e.end_s <= starts[0])
             assert head == pytest.approx(chunk.head.seconds("backward_input") + chunk.head.seconds("backward_weight")
                                          + comm.copies[("root_head", "reduce-scatter")])
-        assert unit.exposed_s["efsdp"] == pytest.approx(ag.time_s + shared - head), phase
+        want = ag.time_s + shared - head
+        if phase == "backward":  # the head's reduce-scatter from the head's end (docstring)
+            key = ("shard", "root_head", "backward", "reduce-scatter")
+            r, g_h, g_e = comm.t[key], comm.nic[key], nic_share(ag)
+            t1 = dense.time_s * 2 * nic_share(dense)
+            left = ag.time_s - t1 * 0.5 / g_e - (head - t1)
+            assert (round(r * 1e3, 4), round(g_h, 4), round(left * 1e3, 4)) == (1.4384, 0.8828, 1.5173)
+            want = 2 * r * g_h + left - r * g_h / g_e  # 2.7052 ms
+        assert unit.exposed_s["efsdp"] == pytest.approx(want), phase
 
 
 def test_the_experts_reductions_are_named_as_their_gathers(plan):

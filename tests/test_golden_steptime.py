@@ -478,7 +478,16 @@ def test_fsdp16_two_nodes():
     prefetched after layer 1's copy-out, the embedding after layer 0's (FSDP2's backward
     prefetch), each layer's reduce-scatter after its backward; the embedding's after the
     embedding gradient; the step ends when that reduce-scatter does, then the optimizer step
-    on the 1/16 shard."""
+    on the 1/16 shard. (nicshare: under torch FSDP2 issues its reduce-scatters on their own
+    stream, torch 2.13 _fsdp_param_group.py 89-92, so the head's reduce-scatter no longer waits
+    behind layer 1's all-gather, and layer 0's all-gather no longer behind it: the two run at once
+    and share each NIC max-min fairly (NVIDIA/nccl #204): each collective's demand is its NIC bytes
+    (the ring's (n-1)/n of its bytes over the group's 8 NICs) at 50 GB/s over its time (layer
+    all-gather 0.6022, layer reduce-scatter and embedding all-gather 0.7347, head and embedding
+    reduce-scatters 0.8255); two demands over 1/2 get 1/2 each, each running at 0.5 / demand of its
+    speed while both run. One reduce-scatter in flight (lines 639-658): each copy-in waits for the
+    reduce-scatter before. The step 4.2028 -> 4.2359 ms: the backward's end 2.6430 ms from its
+    start.)"""
     n = 16
     lt, ht = layer_terms(1), head_terms(1)
     n_layer = layer_params(1)
@@ -498,19 +507,31 @@ def test_fsdp16_two_nodes():
     layer_b = sum(lt[k] for k in lt if k[0] in "bw")           # no TP: B then W of each block
     forward = ag_emb + ht["emb_f"] + co_emb + ag + co + max(layer_f, ag) + co + max(layer_f, ag_head) \
         + co_head + ht["head_f"]
-    # backward, from its start
+    # backward, from its start; FSDP2's reduce-scatters on their own stream beside the all-gathers
+    def demand(size, t):  # the share of its NIC a collective holds alone: its NIC bytes at the line rate over t
+        return (n - 1) / n * size / 8 / NIC / t
+    d_ag, d_rs, d_ag_emb, d_rs_head = (demand(B * n_layer, ag), demand(4 * n_layer, rs), demand(B * n_emb, ag_emb),
+                                       demand(4 * n_head, rs_head))
+    assert [round(x, 4) for x in (d_ag, d_rs, d_ag_emb, d_rs_head)] == [0.6022, 0.7347, 0.7347, 0.8255]
     head_b = ht["head_b"] + ht["head_w"]
-    rs_head_end = max(ag, head_b + ci_head) + rs_head     # after layer 1's prefetch on the FSDP stream
+    rs_head_start = head_b + ci_head                       # not behind layer 1's all-gather: another stream
     l1_co = max(head_b + ci_head, ag) + co                 # layer 1's copy-out
-    ag0_end = max(rs_head_end, l1_co) + ag                 # layer 0's all-gather: after layer 1's copy-out
+    # layer 0's all-gather from l1_co beside the head's reduce-scatter: 1/2 of the NIC each
+    ag0_end = l1_co + ag / (0.5 / d_ag)
+    rs_head_end = ag0_end + rs_head - (l1_co - rs_head_start) - (ag0_end - l1_co) * 0.5 / d_rs_head
+    assert rs_head_start < l1_co < ag0_end < rs_head_end   # the all-gather ends first, then the rest alone
     l1_end = l1_co + layer_b
-    rs1_end = max(ag0_end, l1_end + ci) + rs
-    l0_co = max(l1_end + ci, ag0_end) + co                 # after layer 1's copy-in
-    ag_emb_end = max(rs1_end, l0_co) + ag_emb              # the embedding's, after layer 0's copy-out
+    rs1_start = max(l1_end, rs_head_end) + ci              # layer 1's copy-in waits for the head's reduce-scatter
+    l0_co = max(rs1_start, ag0_end) + co                   # after layer 1's copy-in
+    # the embedding's all-gather from l0_co beside layer 1's reduce-scatter, equal demands: 1/2 each
+    rs1_end = l0_co + (rs - (l0_co - rs1_start)) / (0.5 / d_rs)
+    ag_emb_end = rs1_end + ag_emb - (rs1_end - l0_co) * 0.5 / d_ag_emb
+    assert rs1_start < l0_co < rs1_end < ag_emb_end
     l0_end = l0_co + layer_b
-    rs0_end = max(ag_emb_end, l0_end + ci) + rs
+    rs0_end = max(l0_end, rs1_end) + ci + rs               # alone: the embedding's all-gather ended
+    assert ag_emb_end < rs0_end - rs
     emb_end = max(l0_end + ci, ag_emb_end) + ht["emb_w"] + co_emb
-    rs_emb_end = max(rs0_end, emb_end + ci_emb) + rs_emb
+    rs_emb_end = max(rs0_end, emb_end) + ci_emb + rs_emb   # its copy-in waits for layer 0's reduce-scatter
     params = (L * n_layer + n_emb + n_head) / n            # every kind sharded 16 ways (exact: 6,291,776)
     # torchtitan's fp32 parameters (the torch default), updated in place: no master copy
     step = forward + rs_emb_end + optimizer_s(params, zero_grads=False, master=False)
@@ -520,10 +541,11 @@ def test_fsdp16_two_nodes():
     assert st.step_s == pytest.approx(step, rel=1e-6)
     # the FSDP stream of the backward, event by event (the step hides some of them)
     fsdp = [(e.name, e.start_s, e.end_s) for e in st.units.get(0, 0, "B", 0).events if e.stream == "fsdp"]
-    by_hand = [("fsdp AG L1", 0.0, ag), ("fsdp RS root_head", rs_head_end - rs_head, rs_head_end),
-               ("fsdp AG L0", ag0_end - ag, ag0_end), ("fsdp RS L1", rs1_end - rs, rs1_end),
-               ("fsdp AG root_embed", ag_emb_end - ag_emb, ag_emb_end), ("fsdp RS L0", rs0_end - rs, rs0_end),
+    by_hand = [("fsdp AG L1", 0.0, ag), ("fsdp RS root_head", rs_head_start, rs_head_end),
+               ("fsdp AG L0", l1_co, ag0_end), ("fsdp RS L1", rs1_start, rs1_end),
+               ("fsdp AG root_embed", l0_co, ag_emb_end), ("fsdp RS L0", rs0_end - rs, rs0_end),
                ("fsdp RS root_embed", rs_emb_end - rs_emb, rs_emb_end)]
+    assert round(step * 1e3, 4) == 4.2359
     assert [x[0] for x in fsdp] == [x[0] for x in by_hand]
     assert [t for x in fsdp for t in x[1:]] == pytest.approx([t for x in by_hand for t in x[1:]], rel=1e-9, abs=1e-12)
 

@@ -46,14 +46,29 @@ def test_top_3_and_top_10_list_the_same_first_3_rows():
     8,191 MiB - 15.0) / 1.75 = 42.65 us (tests/nccl_published.h100_nvlink_s), instead of the NIC pair's
     9.3 + 8,388,608 B / 47.10 GB/s = 187.42 us;
     boundary 1 keeps the NIC) pp 4 x dp_shard 4 is 66.5 ms, row 2 at both cuts, and the two meshes with
-    neither pp nor cp follow, unchanged (69.3 and 69.9 ms)."""
-    want = [("dp_shard 16, mb 1, none, vpp 1, zero3", 54.6),
+    neither pp nor cp follow, unchanged (69.3 and 69.9 ms).
+    (nicshare4: FSDP2's reduce-scatters on their own stream, one in flight, sharing the NIC max-min
+    with the all-gathers: each backward waits on fsdp longer (the all-gathers beside reduce-scatters at
+    their share, the copy-ins behind the reduce-scatter in flight) and its reduce-scatter tail past it is
+    shorter. dp_shard 16: a backward unit 8.4163 -> 8.7599 ms (exposed fsdp 0.1443 -> 0.4880), x 4
+    micro-batches, the last tail 0.9555 -> 0.6994 ms: 54.637 + 1.3744 - 0.2561 = 55.755 ms; the HSDP row
+    kept gathered 11.5401 -> 11.9104 ms (exposed fsdp 0 -> 0.3964, SM contention -0.0261), tail 1.6054
+    -> 1.3524: 69.292 + 1.4812 - 0.2530 = 70.520 ms; pp 4 x dp_shard 4 66.5 ms. The first three rows
+    are still the same at both cuts. dp_shard 8 x tp 2 kept gathered, the 4th before: 5.4315 - 4.8759 =
+    0.5556 ms a backward (its copy-ins wait for the reduce-scatter before), x 8, tail 0.9705 -> 0.6343:
+    69.880 + 4.4448 - 0.3362 = 73.989 ms, past the 10th row (73.5 ms); dp_replicate 4 x dp_shard 4 at
+    full 12.3115 -> 12.5210 ms a backward (exposed fsdp 0 -> 0.2356, contention -0.0260) x 4, tail
+    1.6451 -> 1.4644: 72.608 + 0.8380 - 0.1807 = 73.266 ms, still 9th.)"""
+    want = [("dp_shard 16, mb 1, none, vpp 1, zero3", 55.8),
             ("pp 4 x dp_shard 4, mb 1, none, vpp 1, zero3, short end stages", 66.5),
-            ("dp_replicate 2 x dp_shard 8, mb 1, full, vpp 1, hsdp, keep gathered", 69.3)]
+            ("dp_replicate 2 x dp_shard 8, mb 1, full, vpp 1, hsdp, keep gathered", 70.5)]
+    assert [round(x, 1) for x in (54.637 + 4 * 0.3436 - 0.2561, 69.292 + 4 * 0.3703 - 0.2530)] == [55.8, 70.5]
     ten = _rows(10)
     assert _rows(3) == ten[:3] == want
-    assert ten[3] == ("dp_shard 8 x tp 2, mb 1, none, vpp 1, zero3, keep gathered", 69.9)
-    assert ten[8] == ("dp_replicate 4 x dp_shard 4, mb 1, full, vpp 1, hsdp", 72.6)
+    gathered = round(69.880 + 8 * 0.5556 - 0.3362, 1)   # dp_shard 8 x tp 2, kept gathered: 69.9 before
+    assert gathered == 74.0 > ten[9][1] and not any(label.startswith("dp_shard 8 x tp 2, mb 1") for label, _ in ten)
+    assert ten[8] == ("dp_replicate 4 x dp_shard 4, mb 1, full, vpp 1, hsdp", round(72.608 + 4 * 0.2095 - 0.1807, 1)) \
+        and ten[8][1] == 73.3
     assert not any("cp 2" in label for label, _ in ten)
 
 

@@ -1,6 +1,7 @@
 """Concurrent network collectives share their NICs in the rank timeline (issue 11, open item 1a;
 newcomer trial 31, finding #2: the cp ring's sends and the FSDP all-gathers each ran at the full NIC
-rate): :func:`meshplan.schedule.comm_times.nic_share` and :meth:`meshplan.schedule.unit_sim.StreamSim._nic`."""
+rate): :func:`meshplan.schedule.comm_times.nic_share`, :func:`meshplan.schedule.nic_fair.max_min_shares` applied
+at every event of the unit's run (:mod:`meshplan.schedule.unit_events`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.report.json_docs import schema_of
 from meshplan.schedule.comm_times import CommTimes, nic_share
-from meshplan.schedule.unit_sim import Overlap, StreamSim
+from meshplan.schedule.overlap_policy import config_overlap
+from meshplan.schedule.unit_sim import Overlap, simulate
+from meshplan.spec.training import TrainingSpec
 from tests.cli_run import run_cli
 from tests.configs import NC31_TOP1_TOML, mixtral_8x22b_etp_job
 
@@ -28,11 +31,6 @@ SEND = ("cp", "", "forward", "send/recv")
 
 def _row(op: str, size_bytes: float, time_s: float, path: Path = NIC) -> CollectiveRow:
     return CollectiveRow("fsdp", "forward", op, 16, 1, (0,), size_bytes, "bf16", 1, 1, "", path, time_s)
-
-
-def _sim(ag_share: float, send_share: float, ag_s: float = 0.010, send_s: float = 0.005) -> StreamSim:
-    comm = CommTimes(t={AG: ag_s, SEND: send_s}, nic={AG: ag_share, SEND: send_share})
-    return StreamSim(comm, None, Overlap())
 
 
 def test_nic_share_by_hand():
@@ -47,36 +45,125 @@ def test_nic_share_by_hand():
     assert nic_share(_row("send/recv", 100e6, 0.002)) == 1.0
 
 
+def _unit(ag_share: float, send_share: float, then=None, ov: Overlap = Overlap()):
+    """The all-gather (10 ms alone) issued at 0, 1 ms of compute, then the cp send (5 ms alone) at
+    1 ms; ``then(s, ag)`` issues more. Played as the rank timeline plays a unit (:func:`simulate`)."""
+    comm = CommTimes(t={AG: 0.010, SEND: 0.005}, nic={AG: ag_share, SEND: send_share})
+    out = {}
+
+    def build(s):
+        out["ag"] = s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
+        s.compute("L0", 0.001)
+        out["send"] = s.comm("cp", "forward", "send/recv", "cp send")
+        if then is not None:
+            then(s, out["ag"])
+    return simulate(build, comm, None, ov), out
+
+
 def test_two_collectives_on_one_nic_by_hand():
-    """The all-gather (share 0.75, 10 ms) issued at 0, 1 ms of compute, then the cp send (share 0.8,
-    5 ms alone) at 1 ms. The earlier keeps its end (10 ms); the NIC leaves the send 1 - 0.75 = 0.25,
-    less than its fair half (two running), so it runs at 0.5 / 0.8 = 0.625 of its speed: its 5 ms take
-    8, it ends at 9 ms, not 6: 3 ms longer, charged to fsdp. (What is left alone, 0.25 / 0.8 = 0.3125,
-    would end it at 12.1875 ms.)"""
-    s = _sim(0.75, 0.8)
-    ag = s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
-    s.compute("L0", 0.001)
-    send = s.comm("cp", "forward", "send/recv", "cp send")
-    assert (ag.start_s, ag.end_s) == (0.0, pytest.approx(0.010))
-    assert send.start_s == pytest.approx(0.001)
-    assert send.end_s == pytest.approx(0.009)
-    assert s.finish().nic_wait == {("cp", "fsdp"): pytest.approx(0.003)}
+    """The all-gather (demand 0.75 of the NIC, 10 ms) issued at 0, 1 ms of compute, then the cp send
+    (demand 0.8, 5 ms alone) at 1 ms. Max-min fair shares of the NIC: 0.75 + 0.8 > 1, the level 1/2
+    under both demands, so each gets half: the send runs at 0.5 / 0.8 = 0.625 of its speed, its 5 ms
+    take 8 and it ends at 9 ms (not 6: 3 ms longer, charged to fsdp); the all-gather at 0.5 / 0.75 =
+    2/3: by 1 ms it did 1 of its 10 ms, from 1 to 9 ms 8 x 2/3 = 5.333, the 3.667 ms left alone after
+    the send: it ends at 12.667 ms, not 10 (2.667 ms longer, charged to cp). The NIC's work is kept:
+    0.75 x 10 + 0.8 x 5 = 11.5 ms of NIC time = 0.75 x 1 (0-1 ms) + 1 x 8 (both, the NIC full) + 0.75
+    x 3.667 (the all-gather alone). (Before, the earlier kept its end at 10 ms: 1.333 ms of NIC time
+    lost.)"""
+    unit, ev = _unit(0.75, 0.8)
+    assert (ev["ag"].start_s, ev["ag"].end_s) == (0.0, pytest.approx(0.009 + (0.009 - 0.008 * 2 / 3)))  # 9 ms + 3.667 alone
+    assert ev["ag"].end_s == pytest.approx(0.0126667, abs=1e-7)
+    assert (ev["send"].start_s, ev["send"].end_s) == (pytest.approx(0.001), pytest.approx(0.009))
+    assert unit.nic_wait == {("cp", "fsdp"): pytest.approx(0.003), ("fsdp", "cp"): pytest.approx(0.0026667, abs=1e-7)}
+
+
+def test_an_earlier_collective_slowed_moves_what_waits_on_it():
+    """As :func:`test_two_collectives_on_one_nic_by_hand`, then layer 1's compute waiting for the
+    all-gather: it starts when the all-gather ends, 12.667 ms (10 ms if the send had not slowed it),
+    and the compute stream, free at 1 ms, waited 11.667 ms for fsdp (exposed): the send, running
+    from 1 ms, slows the all-gather that layer 1 waits for. Alone (no send issued) the all-gather ends
+    at 10 ms."""
+    unit, ev = _unit(0.75, 0.8, then=lambda s, ag: s.compute("L1", 0.002, [ag]))
+    l1 = next(e for e in unit.events if e.name == "L1")
+    assert l1.start_s == pytest.approx(0.0126667, abs=1e-7)
+    assert unit.exposed_s["fsdp"] == pytest.approx(0.0116667, abs=1e-7)
+    alone = simulate(lambda s: s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[]),
+                     CommTimes(t={AG: 0.010, SEND: 0.005}, nic={AG: 0.75, SEND: 0.8}), None, Overlap())
+    assert alone.events[0].end_s == pytest.approx(0.010)
+
+
+def test_a_wait_issued_before_the_later_collective_waits_for_its_slowed_end():
+    """The all-gather (demand 0.75, 10 ms alone) issued at 0 and layer 0's compute (2 ms) waiting
+    for it are issued before the cp send (demand 0.8, 5 ms alone, ``after=[]``: it waits for nothing,
+    its queue free from 0). In time order the send starts at 0 beside the all-gather: demands 1.55,
+    each gets half, the send at 0.5 / 0.8 = 0.625 of its speed, its 5 ms take 8 ms; the all-gather at
+    2/3 does 8 x 2/3 = 5.333 ms of its 10 by then and its 4.667 ms left alone after: it ends at 12.667 ms
+    (the same end as when the send starts at 1 ms, as the NIC's work says: 0.75 x 10 + 0.8 x 5 = 11.5 ms
+    of NIC time, the NIC full for 8 ms and the all-gather's 0.75 for the rest). The compute, issued
+    before the send, waits for that end (not the 10 ms the all-gather has alone): 12.667 to 14.667 ms,
+    all of it exposed on fsdp; one ordered run, nothing placed twice."""
+    comm = CommTimes(t={AG: 0.010, SEND: 0.005}, nic={AG: 0.75, SEND: 0.8})
+    ev = {}
+
+    def build(s):
+        ev["ag"] = s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
+        s.compute("L0", 0.002, [ev["ag"]])
+        ev["send"] = s.comm("cp", "forward", "send/recv", "cp send", after=[])
+    unit = simulate(build, comm, None, Overlap())
+    assert (ev["send"].start_s, ev["send"].end_s) == (0.0, pytest.approx(0.008))
+    l0 = next(e for e in unit.events if e.name == "L0")
+    assert (l0.start_s, l0.end_s) == (pytest.approx(0.0126667, abs=1e-7), pytest.approx(0.0146667, abs=1e-7))
+    assert unit.exposed_s["fsdp"] == pytest.approx(0.0126667, abs=1e-7)
 
 
 def test_room_on_the_nic_costs_nothing():
-    """Shares 0.5 and 0.5: the NIC carries both at full speed; the send ends at 1 + 5 = 6 ms. The
-    all-gather off the network (share 0): the same. Both bandwidth-bound (share 1) and issued
-    together: the send runs at its fair half, its 5 ms in 10, and ends at 10 ms, as fair sharing ends
-    it (the all-gather keeps its 10 ms, where fair sharing would end it at 15)."""
+    """Demands 0.5 and 0.5: the NIC carries both at full speed; the send ends at 1 + 5 = 6 ms, the
+    all-gather at 10. The all-gather off the network (demand 0): the same. Both bandwidth-bound (demand
+    1) and issued together: each runs at half while both run: the send's 5 ms take 10, it ends at 10
+    ms; the all-gather did 5 of its 10 ms by then and ends 5 ms later, at 15 ms (the NIC's 15 ms of
+    work in 15 ms; before, the earlier kept its 10 ms)."""
     for ag_share in (0.5, 0.0):
-        s = _sim(ag_share, 0.5)
-        s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
-        s.compute("L0", 0.001)
-        assert s.comm("cp", "forward", "send/recv", "cp send").end_s == pytest.approx(0.006)
-        assert s.finish().nic_wait == {}
-    s = _sim(1.0, 1.0)
-    s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
-    assert s.comm("cp", "forward", "send/recv", "cp send", after=[]).end_s == pytest.approx(0.010)
+        unit, ev = _unit(ag_share, 0.5)
+        assert (ev["send"].end_s, ev["ag"].end_s) == (pytest.approx(0.006), pytest.approx(0.010))
+        assert unit.nic_wait == {}
+    comm = CommTimes(t={AG: 0.010, SEND: 0.005}, nic={AG: 1.0, SEND: 1.0})
+    ev = {}
+
+    def build(s):
+        ev["ag"] = s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
+        ev["send"] = s.comm("cp", "forward", "send/recv", "cp send", after=[])
+    simulate(build, comm, None, Overlap())
+    assert (ev["send"].end_s, ev["ag"].end_s) == (pytest.approx(0.010), pytest.approx(0.015))
+
+
+RS = ("shard", "layer", "backward", "reduce-scatter")
+BAG = ("shard", "layer", "backward", "all-gather")
+
+
+def test_fsdp2_reduce_scatter_beside_the_next_all_gather():
+    """FSDP2 issues reduce-scatters on ``reduce_scatter_stream`` and all-gathers on
+    ``all_gather_stream`` (torch 2.13 ``_fsdp_param_group.py`` lines 89-92): layer 1's reduce-scatter
+    (8 ms alone, demand 0.6) issued at 0, then layer 0's all-gather (4 ms alone, demand 0.6). One
+    queue (Megatron FSDP, DeepSpeed in the model): the all-gather waits for the reduce-scatter, 8 to 12
+    ms. Two queues (FSDP2): both from 0, 1.2 of the NIC wanted, each gets half, 0.5 / 0.6 = 5/6 of its
+    speed: the all-gather's 4 ms take 4.8 ms; the reduce-scatter did 4 of its 8 ms by then, and ends
+    4 ms later alone, at 8.8 ms. config_overlap turns the two queues on for torch with FSDP2 only."""
+    comm = CommTimes(t={RS: 0.008, BAG: 0.004}, nic={RS: 0.6, BAG: 0.6})
+    ends = {}
+    for two in (False, True):
+        def build(s):
+            rs = s.comm("shard", "backward", "reduce-scatter", "fsdp RS L1", "layer", after=[])
+            ag = s.comm("shard", "backward", "all-gather", "fsdp AG L0", "layer", after=[])
+            ends[two] = (rs, ag)
+        simulate(build, comm, None, Overlap(fsdp_rs_queue=two))
+        rs, ag = ends[two]
+        ends[two] = (rs.end_s, ag.start_s, ag.end_s)  # set by the run, not while the unit is issued
+    assert ends[False] == (pytest.approx(0.008), pytest.approx(0.008), pytest.approx(0.012))
+    assert ends[True] == (pytest.approx(0.0088), 0.0, pytest.approx(0.0048))
+    t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero3")
+    assert config_overlap(t).fsdp_rs_queue
+    assert not config_overlap(t.model_copy(update={"framework": "megatron"})).fsdp_rs_queue
+    assert not config_overlap(t.model_copy(update={"zero3_engine": "deepspeed"})).fsdp_rs_queue
 
 
 def test_nc31_step_charges_the_cp_sends(capsys, tmp_path):
@@ -85,11 +172,13 @@ def test_nc31_step_charges_the_cp_sends(capsys, tmp_path):
     through each member's NIC 127/128 x 855,670,784 / 4 = 212,246,425 B = 4.2449 ms at 50 GB/s, share
     0.87415; the cp K/V send of 8,388,608 B, 187.4 us: the boundary member's NIC 0.16777 ms, share
     0.8953. The forward's first cp send is issued while the next layer's all-gather (prefetched) runs
-    and ends before it: the NIC leaves it 1 - 0.87415 = 0.12585, less than its fair half, so it runs at
-    0.5 / 0.8953 = 0.55847 of its speed, 0.1874 / 0.55847 = 0.3356 ms, longer than the 0.2374 ms ring step
-    beside it (step 0, the causal 4,096 x 4,096 diagonal: 2 x 4096^2 x 32 x 128 FLOP at FA3's 579 TFLOP/s;
-    its slack alone 0.050 ms; 0.036 ms beside the equal 0.223 ms share of the steps before te_ring). The step's concurrent line says what the sharing cost cp;
-    the parts line exposes cp."""
+    and ends before it: demands 0.87415 + 0.8953 > 1, the max-min level 1/2 under both, so the send
+    runs at 0.5 / 0.8953 = 0.55847 of its speed, 0.1874 / 0.55847 = 0.3356 ms, longer than the 0.2374 ms
+    ring step beside it (step 0, the causal 4,096 x 4,096 diagonal: 2 x 4096^2 x 32 x 128 FLOP at FA3's
+    579 TFLOP/s; its slack alone 0.050 ms); the all-gather meanwhile at 0.5 / 0.87415 = 0.57199 of its
+    speed, so it loses at least 0.3356 x (1 - 0.57199) = 0.1436 ms to each send beside it: one a layer
+    at least, 8 micro-batches x 79 layers with a next one, 632 x 0.1436 = 90.8 ms per step. The step's
+    concurrent line says what the sharing cost each; the parts line exposes cp."""
     cfg = tmp_path / "nc31.toml"
     cfg.write_text(NC31_TOP1_TOML)
     code, out, _ = run_cli(["step", cfg], capsys)
@@ -101,8 +190,10 @@ def test_nc31_step_charges_the_cp_sends(capsys, tmp_path):
     row = re.search(r"^  cp +forward +send/recv +[\d.]+ +[\d.]+ +([\d.]+)", out, re.M)
     assert float(row.group(1)) == pytest.approx(want_ms, abs=0.002)  # 0.336 ms; alone 0.187
     line = next(x for x in out.splitlines() if x.startswith("concurrent: cp and fsdp"))
-    lengthened = float(re.search(r"lengthens cp's collectives by ([\d.]+) ms per step", line).group(1))
+    lengthened = float(re.search(r"lengthens cp's collectives by ([\d.]+) ms", line).group(1))
     assert lengthened > 0
+    slowed = float(re.search(r"and fsdp's collectives by ([\d.]+) ms per step", line).group(1))
+    assert slowed >= 632 * 0.3356 * (1 - 0.5 / ag_share)
     assert re.search(r"exposed cp [\d.]+", out.splitlines()[2])
 
 
@@ -120,7 +211,7 @@ def test_step_json_carries_the_sharing_cost(capsys, tmp_path):
     assert list(jsonschema.Draft202012Validator(schema_of("step")).iter_errors(data)) == []
     got = {(x["stream"], x["beside"]): x["seconds"] for x in data["nic_sharing_s"]}
     line = next(x for x in out.splitlines() if x.startswith("concurrent: cp and fsdp"))
-    ms = float(re.search(r"lengthens cp's collectives by ([\d.]+) ms per step", line).group(1))
+    ms = float(re.search(r"lengthens cp's collectives by ([\d.]+) ms", line).group(1))
     assert round(got[("cp", "fsdp")] * 1e3, 1) == ms
     assert got[("cp", "fsdp")] >= 8 * 79 * (0.3356 - 0.1874) * 1e-3
 

@@ -251,7 +251,7 @@ def test_bound_copies_are_the_tables():
 
 
 @pytest.mark.parametrize("training,pp,reshard,floor", [
-    ({}, 1, 1, 0.91), ({}, 1, 0, 0.90), ({}, 2, 1, 0.96), ({}, 2, 0, 0.97),
+    ({}, 1, 1, 0.90), ({}, 1, 0, 0.90), ({}, 2, 1, 0.96), ({}, 2, 0, 0.97),
     ({"grad_accumulation": "no_sync"}, 1, 1, 0.925), ({"grad_accumulation": "no_sync"}, 1, 0, 0.935),
     ({"grad_accumulation": "no_sync_unsharded"}, 1, 1, 0.95), ({"grad_accumulation": "no_sync_unsharded"}, 1, 0, 0.965),
     ({"linear_dtype": "fp8", "fp8_all_gather": True}, 1, 1, 0.89),
@@ -262,7 +262,11 @@ def test_bound_counts_fsdp2_copies(training, pp, reshard, floor):
     0.907 at pp 1 with and without reshard_after_forward, 0.967, 0.974 at pp 2 (0.978 before torch's
     1F1B calls were simulated waited, which the bound's asynchronous sends leave out); no_sync 0.930,
     0.940; no_sync_unsharded 0.957, 0.968; fp8 0.897). Without the copies every ratio is below
-    its floor (0.842, 0.851, 0.945, 0.971; 0.881, 0.908; 0.924, 0.954; 0.821)."""
+    its floor (0.842, 0.851, 0.945, 0.971; 0.881, 0.908; 0.924, 0.954; 0.821). (nicshare: at pp 1 with
+    reshard_after_forward the step's backward runs each layer's re-gather beside the previous layer's
+    reduce-scatter on FSDP2's two streams, each slowed by the other's share of the NIC, which the bound
+    leaves out by design (Overlap.nic_sharing False: collectives at their table times): 0.914 -> 0.909,
+    still below the step, the floor 0.91 -> 0.90.)"""
     cfg = config(training)
     c, i = _one(cfg, pp=pp, dps=8 // pp, tp=1, sh=SHARDING.index("zero3"), mb=2, rf=reshard)
     sub = c.take([i])

@@ -142,7 +142,15 @@ def test_rows_are_distinct_meshes_the_page_carries_every_line(tmp_path, capsys):
     unchanged: one data stream on the NIC), now row 1; dp_replicate 4 x dp_shard 4 x tp 8 1.270 -> 1.400 s,
     row 4 behind dp_shard 16 x cp 2 x tp 4 (1.396 s, full recompute), row 3; the HSDP cp 2 meshes slower
     too (dp_replicate 4 x dp_shard 4 x cp 2 x tp 4 1.397 -> 1.527 s, row 9, shown at a safer setting):
-    the rows shown so are 3, 4 and 9."""
+    the rows shown so are 3, 4 and 9. (nic49, every running collective at its max-min NIC share from
+    each event on, FSDP2's reduce-scatters one in flight; the steps below and so the rows shown are READ
+    from the model (the search's exact steps, main against nic49), not derived by hand nor broken down
+    per unit: dp_shard 16 x tp 8 1.115 -> 1.132 s and dp_replicate 2 x dp_shard 8 x tp 8 1.118 -> 1.157 s,
+    rows 1 and 2 (exposed fsdp 0.060 -> 0.079 and 0.009 -> 0.084 s); dp_replicate 4 x dp_shard 4 x tp 8's
+    safer setting, none resharded, 1.400 -> 1.498 s (exposed fsdp 0.291 -> 0.394 s), so its fastest setting
+    that keeps 15% free is full kept gathered, 1.446 s: row 6, shown so; dp_shard 8 x cp 2 x tp 8 1.528 ->
+    1.606 s (exposed cp 0.339 -> 0.416 s), row 10; dp_replicate 4 x dp_shard 4 x cp 2 x tp 4 leaves the
+    top for two cp 4 x tp 2 meshes (1.582 and 1.578 s): the rows shown so are 3 and 6.)"""
     out, page, doc = _llama70(tmp_path, capsys)
     text = " ".join(re.sub("[│┃]", " ", out).split())
     meshes = [tuple(sorted(d["mesh"].items())) for d in doc["top"]]
@@ -150,11 +158,11 @@ def test_rows_are_distinct_meshes_the_page_carries_every_line(tmp_path, capsys):
     assert "top 10 distinct meshes:" in text and "one row per distinct mesh (axis degrees)" in text
     assert all(d["recompute"] != "selective" for d in doc["top"] + doc["placed"])
     assert "recompute 'selective' is not searched under training.framework \"torch\"" in text
-    lines = [x for x in out.splitlines() if x.startswith(("the top is exact", "row 4 (", "order:", "row 1's mesh"))]
+    lines = [x for x in out.splitlines() if x.startswith(("the top is exact", "row 6 (", "order:", "row 1's mesh"))]
     assert len(lines) == 4
     flat = " ".join(html.unescape(re.sub("<[^>]+>", " ", page)).split())
     for head in ("the top is exact: every candidate not planned", "row 3 (dp_shard 16 x cp 2 x tp 4) is shown at",
-                 "row 4 (dp_replicate 4 x dp_shard 4 x tp 8) is shown at", "order: by predicted step time",
+                 "row 6 (dp_replicate 4 x dp_shard 4 x tp 8) is shown at", "order: by predicted step time",
                  "row 1's mesh (dp_shard 16 x tp 8)"):
         assert head in text and head in flat
     # the placed candidates are in the rule's order, the rows shown at a slower setting after them
@@ -162,7 +170,7 @@ def test_rows_are_distinct_meshes_the_page_carries_every_line(tmp_path, capsys):
     tiers = doc["headroom_tiers"]
     assert tiers["line"] is None and tiers["tight_rows"] == []  # each mesh shown at a setting that keeps 15%
     at = {d["index"]: k for k, d in enumerate(doc["top"], 1)}
-    assert sorted(at[x["shown"]] for x in tiers["safer"]) == [3, 4, 9]
+    assert sorted(at[x["shown"]] for x in tiers["safer"]) == [3, 6]   # [3, 4, 9] before nic49 (docstring)
     assert "warning: rows" not in text
     assert {tuple(sorted(d["mesh"].items())) for d in doc["placed"]} == set(meshes)
     assert list(jsonschema.Draft202012Validator(schema_of("search")).iter_errors(doc)) == []

@@ -35,30 +35,40 @@ def _hint(p):
 def test_compiled_mini_mesh_is_told_async_tp_and_its_step():
     """Llama-3-8B, dp_shard 2 x tp 4, compiled: exposed tp 1288.41 ms of a 7933.67 ms step =
     16.2% >= 15% (the parts line's figures). With tp_comm_overlap (compile already on, so the one knob) the config planned by
-    hand steps 7.41 s, 6.6% shorter (> 1%), its exposed tp 0.50 s, peak 27.2 GiB."""
+    hand steps 7.41 s, 6.6% shorter (> 1%), its exposed tp 0.50 s, peak 27.2 GiB. 7908.43 ms since FSDP2's
+    reduce-scatters run on their own stream (Overlap.fsdp_rs_queue, torch 2.13 _fsdp_param_group.py 89-92):
+    each layer's all-gather is issued beside the previous layer's reduce-scatter instead of after it (L30's
+    at 7.301 ms, not 7.938 ms), so the two hold their SMs at once and the backward's kernels run under
+    fewer collective-holding intervals: the backward unit's SM contention 2.2604 -> 1.4716 ms, the unit
+    161.398 -> 160.610 ms, x 32 micro-batches = -25.24 ms of compute (6627.52 -> 6602.28 ms); exposed tp
+    and fsdp unchanged (1288.41, 17.74 ms), so 16.3% of the step and the same hint, -6.3%."""
     p = _plan(MINI, torch_compile=True)
     st = step_time(p)
     shown = st.shown_ms()  # the parts line's figures
-    assert (shown["exposed tp"], shown["step"]) == ("1288.41", "7933.67")
+    assert (shown["exposed tp"], shown["step"]) == ("1288.41", "7908.43")
     on = step_time(_plan(MINI, torch_compile=True, tp_comm_overlap=True))
     assert f"{on.step_s:.2f} {on.exposed_s['tp']:.2f}" == "7.41 0.50"
     line, = _hint(p)
-    assert line == ("hint: exposed tp is 16.2% of the step (1.29 s of 7.93 s): shorter with training.tp_comm_overlap = "
+    assert line == ("hint: exposed tp is 16.3% of the step (1.29 s of 7.91 s): shorter with training.tp_comm_overlap = "
                     "true (torchtitan's async TP, parallelism.enable_async_tensor_parallel, which needs torch.compile): "
                     f"step 7.41 s ({on.step_s / st.step_s - 1:+.1%}), exposed tp 1.29 -> 0.50 s, peak 27.2 GiB fits")
-    assert f"{on.step_s / st.step_s - 1:+.1%}" == "-6.6%"
+    assert f"{on.step_s / st.step_s - 1:+.1%}" == "-6.3%"
 
 
 def test_eager_config_gets_torch_compile_with_async_tp():
     """examples/llama3-70b_128xh100_dp16-tp8.toml is eager: async TP needs torch.compile, so the
-    re-plan sets both (the config edited so by hand: 1.44 s against 1.46 s, -1.6%); exposed tp is
-    300.97 ms of 1460.14 ms = 20.6%."""
+    re-plan sets both (the config edited so by hand: 1.41 s against 1.44 s, -2.0%); exposed tp is
+    300.97 ms of 1437.39 ms = 20.9% (1460.14 ms, 20.6% and 1.44 s, -1.6% while FSDP2's reduce-scatters
+    shared the all-gathers' queue: on their own stream, Overlap.fsdp_rs_queue, the next layer's prefetch
+    no longer waits behind each reduce-scatter, the two sharing the NIC instead: the backward unit
+    1040.775 -> 1025.970 ms, its exposed fsdp 25.341 -> 10.557 ms, and its reduce-scatter tail past it
+    18.448 -> 10.504 ms: -14.805 - 7.944 = -22.75 ms of the step)."""
     p = _plan(DP16)
     both = step_time(_plan(DP16, torch_compile=True, tp_comm_overlap=True))
     line, = _hint(p)
-    assert line.startswith("hint: exposed tp is 20.6% of the step (0.30 s of 1.46 s): shorter with "
+    assert line.startswith("hint: exposed tp is 20.9% of the step (0.30 s of 1.44 s): shorter with "
                            "training.tp_comm_overlap = true, training.torch_compile = true (")
-    assert f"step {both.step_s:.2f} s (-1.6%)" in line and f"{both.step_s:.2f}" == "1.44"
+    assert f"step {both.step_s:.2f} s (-2.0%)" in line and f"{both.step_s:.2f}" == "1.41"
 
 
 def test_no_hint_under_the_share_or_within_one_percent_or_already_on():
@@ -80,14 +90,23 @@ def test_no_hint_under_the_share_or_within_one_percent_or_already_on():
     under all-gather CP's rows; the compute unchanged): 36.79 - 0.36 + 10.54 = 46.97 s, of which tp is
     12.8%, under the share: no hint. Under all-gather CP (cp_attention = "allgather", without the ring's
     kernels: 35.92 s) it exposes 16.8% and async TP gives 35.85 s (-0.2%): the note. Since the rank
-    timeline shares NICs (schedule/unit_sim.py StreamSim._nic) the ring's K/V all-gathers, issued beside
+    timeline shares NICs (schedule/nic_fair.py NicBook) the ring's K/V all-gathers, issued beside
     the prefetched FSDP all-gathers on the same NICs, run at most at their fair half: exposed cp 10.54 ->
     15.99 s, the step 52.41 s, of which tp (6.03 s) is 11.5%, under the share: no hint (async TP +0.0%);
     all-gather CP's gathers likewise, exposed cp 0.36 -> 1.07 s, 36.63 s, tp 16.5%: the note, 36.56 s.
+    Since FSDP2's reduce-scatters run on their own stream (Overlap.fsdp_rs_queue) and sharing is max-min
+    fair both ways (nic_fair.NicBook, the earlier slowed by the later too), a backward's reduce-scatters
+    run beside its prefetched all-gathers and the ring's K/V transfers on the same NICs: each backward
+    unit's exposed cp 538.0 -> 699.1 ms, fsdp 0 -> 7.3 ms (the unit 1873.62 -> 2041.96 ms): exposed cp
+    15.99 -> 19.76 s, fsdp 0.19 -> 0.33 s, the step 56.32 s, of which tp (6.03 s) is 10.7%: no hint
+    (async TP +0.3%: its decomposed GEMMs, compute +2.33 s, outweigh the 2.18 s of tp it hides); all-gather
+    CP: exposed cp 1.07 -> 1.48 s, 37.17 s, tp 16.2%: the note, 37.10 s.
     Since all-gather CP's one causal 8192 x 32768 call is rated at its loop lengths
     (meshplan.compute.attention: the backward's blocks of keys loop over the rank's 8,192 queries,
     FA2 bwd 318 at S 8192 where 322 was held from 16k): 2.5 x 4 pair (1/318 - 1/322) = +53.7 us a
-    layer, x 80 x 20 = +0.086 s of compute: 36.71 s, tp 16.4%, the note, 36.65 s."""
+    layer, x 80 x 20 = +0.086 s of compute: 36.71 s, tp 16.4%, the note, 36.65 s. (nicshare4: both
+    together, all-gather CP's step 37.17 + 0.086 = 37.26 s, tp 16.2%, the note, 37.10 + 0.086 = 37.19 s;
+    the ring's step unchanged, its calls rated at their own loop lengths already.)"""
     eager = _plan(MINI)
     st = step_time(eager)
     assert round(st.exposed_s["tp"] / st.step_s, 3) == 0.123 and _hint(eager) == []
@@ -99,15 +118,16 @@ def test_no_hint_under_the_share_or_within_one_percent_or_already_on():
     st = step_time(trial)
     data["training"]["tp_comm_overlap"] = True
     on = step_time(build_plan(config_from_dict(data)))
-    assert round(st.exposed_s["tp"] / st.step_s, 3) == 0.115 and f"{on.step_s / st.step_s - 1:+.1%}" == "+0.0%"
-    assert (round(st.step_s, 2), round(st.exposed_s["cp"], 2)) == (52.41, 15.99)  # 46.97, 10.54 before NIC sharing
+    assert round(st.exposed_s["tp"] / st.step_s, 3) == 0.107 and f"{on.step_s / st.step_s - 1:+.1%}" == "+0.3%"
+    # 46.97, 10.54 before NIC sharing; 52.41, 15.99 before FSDP2's reduce-scatter stream and max-min sharing
+    assert (round(st.step_s, 2), round(st.exposed_s["cp"], 2)) == (56.32, 19.76)
     pair = 8 * 8192 ** 2 * 256
     layer = 2 * pair * (1 / 333 + 3 / 370 - 4 / 335) + 2.5 * pair * (1 / 318 + 3 / 310 - 4 / 322)
     assert round(80 * 20 * layer / 1e12, 3) == -0.145
     merge = -9 * 8 * 8192 * 128 / 2.97e12
     assert round(80 * 20 * merge, 3) == -0.041
     assert _hint(trial) == []  # under the share
-    assert f"{on.step_s:.2f} {on.exposed_s['tp']:.2f}" == "52.43 3.85"  # 47.11 before NIC sharing
+    assert f"{on.step_s:.2f} {on.exposed_s['tp']:.2f}" == "56.47 3.85"  # 47.11 before NIC sharing, 52.43 before fsdp_rs_queue
     ring = st
     data["training"] |= {"tp_comm_overlap": False, "cp_attention": "allgather"}
     gather = build_plan(config_from_dict(data))
@@ -125,16 +145,16 @@ def test_no_hint_under_the_share_or_within_one_percent_or_already_on():
         {k: v for k, v in st.parts_s().items() if k not in ("compute", "exposed cp")}, rel=1e-12)
     # so the ringrank step (36.98 - 0.145 - 0.041 = 36.79 s) is the ring's step with all-gather CP's exposed cp
     # (36.79 before NIC sharing; since, all-gather CP's own exposed cp is 0.36 -> 1.07 s: its gathers beside FSDP's)
-    assert round(36.98 - 0.145 - 0.041, 2) == 36.79 and round(st.exposed_s["cp"], 2) == 1.07
-    assert round(ring.step_s - ring.exposed_s["cp"] + st.exposed_s["cp"], 2) == 37.50
+    assert round(36.98 - 0.145 - 0.041, 2) == 36.79 and round(st.exposed_s["cp"], 2) == 1.48  # 1.07 before fsdp_rs_queue
+    assert round(ring.step_s - ring.exposed_s["cp"] + st.exposed_s["cp"], 2) == 38.04  # 56.32 - 19.76 + 1.48 (37.50 before)
     data["training"]["tp_comm_overlap"] = True
     on = step_time(build_plan(config_from_dict(data)))
     assert _hint(gather) == [  # no hint: a note says why (hints19 #2), async TP's decomposed GEMMs
-        "note: no tp hint: exposed tp is 16.4% of the step (6.03 s of 36.71 s), but training.tp_comm_overlap = true "
+        "note: no tp hint: exposed tp is 16.2% of the step (6.03 s of 37.26 s), but training.tp_comm_overlap = true "
         "(torchtitan's async TP, parallelism.enable_async_tensor_parallel, which needs torch.compile) re-planned gives "
         f"step {on.step_s:.2f} s (-0.2%), not 1% shorter: exposed tp 6.03 -> {on.exposed_s['tp']:.2f} s, compute "
         f"+{on.parts_s()['compute'] - st.parts_s()['compute']:.2f} s (the decomposed GEMMs and copies)"]
-    assert f"{on.step_s:.2f} {on.exposed_s['tp']:.2f}" == "36.65 3.85"  # 35.85 before NIC sharing; 36.56 before the call's loop lengths
+    assert f"{on.step_s:.2f} {on.exposed_s['tp']:.2f}" == "37.19 3.85"  # 35.85 before NIC sharing, 36.56 before fsdp_rs_queue, 37.10 before the call's loop lengths
     assert _hint(_plan(MINI, torch_compile=True, tp_comm_overlap=True)) == []
 
 
@@ -172,6 +192,17 @@ def test_megatron_runs_its_own_overlap_without_compile():
     4.700 us = 88.418 us: 2 x 60.659 + 88.418 = 209.736 us a layer, x 80 layers x 20 micro-batches
     = +335.58 ms of compute, nothing else moving (the calls per step sum to the same; exposed tp and
     fsdp unchanged): the step 30309.87 -> 30645.45 ms; with tp_comm_overlap the same kernels, 27.46 ->
+    27.79 s: -9.3% (27.79 / 30.65 - 1), exposed tp 18.1% of the step (5.55 / 30.65).) (nicshare: under max-min
+    sharing both ways, nic_fair.NicBook, the FSDP all-gathers and reduce-scatters are slowed by the K/V
+    sends beside them too, where before only the sends were: with tp_comm_overlap the backward's fsdp
+    queue (a reduce-scatter of 7.975 ms and an all-gather of 4.000 ms a layer against 12.6 ms of
+    compute before tering2, some 0.6 ms of slack a layer, 0.15 ms more with TE's correction kernels)
+    loses part of that slack to the sends' share of the NIC: exposed fsdp 383.44 -> 582.07 ms, compute
+    26396.39 and exposed tp 1011.49 ms unchanged, so the step 27791.32 -> 27989.95 ms (+198.63 ms, the
+    fsdp exposure's move alone; 790.61 ms before tering2's 0.149 ms of compute a backward layer gave the
+    fsdp queue more slack): 27.99 s, -8.7% (27.99 / 30.65 - 1). Without tp_comm_overlap the fsdp queue
+    has the slack of the exposed tp: 30645.45 ms unchanged. Its backward unit settles at the 3rd pass
+    (unit_sim.settle).)
     27.79 s: -9.3% (27.79 / 30.65 - 1), exposed tp 18.1% of the step (5.55 / 30.65).)
     (testreams: TE runs the forward's softmax_lse corrections of steps 0-2 on its other flash stream
     beside calls 1-3 (context_parallel.py lines 1678, 1919; compute.te_ring.side_stream): 3 floored
@@ -180,7 +211,13 @@ def test_megatron_runs_its_own_overlap_without_compile():
     -9.3%, exposed tp 18.1% (5.55 / 30.60).)
     (175B audit: Megatron-LM's backward_step scales the loss, optimizer.scale_loss, a multiply and its
     backward on the last stage, here every rank at pp 1: 2 x 4.7 us x 20 micro-batches = +0.188 ms,
-    the step 30600.33 -> 30600.52 ms.)"""
+    the step 30600.33 -> 30600.52 ms.)
+    (nicshare4, both together: with tp_comm_overlap compute 26396.39 - 45.12 + 0.188 = 26351.45 ms and
+    exposed tp 1011.49 ms as main's; the step is compute + exposed fsdp + exposed tp, so it less its
+    exposed fsdp is main's 27746.38 - 383.44 = 27362.94 ms. Exposed fsdp 582.07 -> 604.35 ms: the
+    backward's replayed forward is 2 x 14.1 us a layer shorter (testreams), 45.12 ms of compute a step
+    less for the NIC-shared fsdp queue to hide under, of which 22.28 ms now shows (at most all 45.12
+    ms can: the queue's own work is unchanged): 27.97 s, -8.6% (27.97 / 30.60 - 1).)"""
     data = tomllib.loads((EXAMPLES / "seed-64gpu.toml").read_text())
     data["cluster"]["system"] = "dgx-h100"
     data["training"] |= {"seq_len": 32768, "global_batch": 40, "recompute": "full", "framework": "megatron",
@@ -206,5 +243,8 @@ def test_megatron_runs_its_own_overlap_without_compile():
     line, = _hint(p)
     assert line.startswith("hint: exposed tp is 18.1% of the step (5.55 s of 30.60 s): shorter with "
                            "training.tp_comm_overlap = true (Megatron-LM's --tp-comm-overlap, Transformer Engine "
-                           f"userbuffers): step {on.step_s:.2f} s (-9.3%), exposed tp 5.55 -> {on.exposed_s['tp']:.2f} s")
-    assert f"{on.step_s:.2f}" == "27.75"
+                           f"userbuffers): step {on.step_s:.2f} s (-8.6%), exposed tp 5.55 -> {on.exposed_s['tp']:.2f} s")
+    assert f"{on.step_s:.2f}" == "27.97"  # 27.79 before nicshare, 27.99 before testreams
+    assert {k: f"{v * 1e3:.2f}" for k, v in on.exposed_s.items() if v} == {"fsdp": "604.35", "tp": "1011.49"}
+    assert on.step_s * 1e3 - on.exposed_s["fsdp"] * 1e3 == pytest.approx(27746.38 - 383.44, abs=0.01)  # each to 0.01 ms
+    assert 0 < 604.35 - 582.07 < 45.12

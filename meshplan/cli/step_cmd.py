@@ -140,8 +140,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     gives each in the plan table's phase, a per-step row issued inside the last backward with '(issued in the
     last backward)' and, with pp > 1, a 'not listed:' line for the pp send/recv, counted in exposed pp. Each
     'concurrent:' line names two streams whose collectives run at once and what sharing NICs cost them in the
-    timeline (ms per step their collectives ran longer: one issued while another holds a share of its NICs runs
-    on what is left, at least its fair share; --json nic_sharing_s), or 'nothing charged'. A mesh that does not fit exits 1
+    timeline (ms per step their collectives ran longer: while several run on one NIC each runs at its max-min fair
+    share of it, the earlier slowed by the later too; under torch FSDP2's reduce-scatters run on their own stream
+    beside its all-gathers; --json nic_sharing_s), or 'nothing charged'. A mesh that does not fit exits 1
     with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
     the step was timed with (the catalog's, or --kernels files laid over it, and --gemm-table's file with how many of
     the plan's GEMM shapes it timed)."""

@@ -83,20 +83,20 @@ def ds_backward_layer(s: StreamSim, c: Cost, name: str) -> None:
     secs = s.of(_ds_pieces, c, full)
     word = "AR" if s.c.shard_reduce_op == "all-reduce" else "RS"
     last: Optional[Event] = None
-    host = s.last  # what the host last waited for: it issues the next flush no earlier
+    host = [s.last]  # what the host last waited for: it issues the next flush no earlier than all
     for piece in DS_PIECES:
         if last is not None and (piece in DS_FETCHED or (piece == "w_down" and not full)):
-            host = s.compute(f"{name} {piece} fetch sync (DeepSpeed)", 0.0, [last])
+            host = [s.compute(f"{name} {piece} fetch sync (DeepSpeed)", 0.0, [last])]
         sec, buckets = s.c.ds_flush.get(("layer", piece), (0.0, 0.0))
         before = last
         ev = s.comm("shard", "backward", "reduce-scatter", f"fsdp {word} {name} ({piece})", "layer",
-                    after=[host], seconds=sec)
+                    after=host, seconds=sec)
         last = ev or last
         s.compute(f"{name} {piece} grad", secs[piece])
         wait = (ev if buckets > 1 else before) if ev is not None else None
         if wait is not None:
             s.compute(f"{name} {piece} flush wait (DeepSpeed)", 0.0, [wait])
-            host = wait if host is None or wait.end_s > host.end_s else host
+            host = [*host, wait]  # the later of the two (the run takes the latest end)
     rest = sum(t for (g, m), (t, _) in s.c.ds_flush.items() if g == "layer" and m not in DS_PIECES)
     ev = s.comm("shard", "backward", "reduce-scatter", f"fsdp {word} {name} (elsewhere)", "layer", seconds=rest)
     s.compute(f"{name} reductions wait (DeepSpeed)", 0.0, [ev or last])

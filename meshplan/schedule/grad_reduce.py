@@ -16,6 +16,8 @@ from meshplan.schedule.unit_sim import ChunkCosts, StreamSim
 def unit_reduce(s: StreamSim, name: str, group: str, step_piece: float, shard: bool = True) -> None:
     """FSDP reduce-scatter (+ HSDP all-reduce) of a unit when ``shard``; ``step_piece``:
     seconds of this layer's piece (bucket) of the per-step ZeRO-1/2 or DDP reduction."""
+    if shard:
+        rs_buffer_wait(s)
     if shard and (copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0)):
         s.compute(shard_name("RS copy-in", name, group), copy_in)  # FSDP2: on the compute stream (comm.fsdp2)
     rs = _reduce_scatter(s, name, group, s.last) if shard else None
@@ -27,6 +29,24 @@ def unit_reduce(s: StreamSim, name: str, group: str, step_piece: float, shard: b
     s.reduced = red or s.reduced
     if not s.ov.grad_reduce:
         s.compute("grad reduce wait", 0.0, [rs, red])
+
+
+def rs_buffer_wait(s: StreamSim, tail: bool = False) -> None:
+    """FSDP2's one reduce-scatter in flight (``Overlap.fsdp_rs_queue``): a unit's ``post_backward``
+    makes the compute stream wait for the previous reduce-scatter before its copy-in reuses the
+    input buffer (torch 2.13 ``_fsdp_param_group.py`` lines 639-658, ``reduce_scatter_max_input_buffers``
+    1 by default, ``_fully_shard.py`` ``set_reduce_scatter_max_input_buffers``; the memory timeline's
+    :mod:`meshplan.memory.passes` frees it so). ``tail``: after the unit's compute (the compute stream's
+    clock moved, not its last event). Nothing where none was issued in the unit, nor shown where the
+    reduce-scatter ends before the compute stream is free (the run decides:
+    :class:`~meshplan.schedule.unit_sim.StreamSim`)."""
+    prev = s.rs_prev
+    if not s.ov.fsdp_rs_queue or prev is None:
+        return
+    if tail:  # from the stream's free time to the reduce-scatter's end, shown where it ends later
+        s.fixed("fsdp RS buffer wait", 0.0, hold=[prev], cond=True)
+    else:  # exposed on the reduce-scatter's stream where it ends after the stream is free
+        s.compute("fsdp RS buffer wait", 0.0, [prev], cond=True)
 
 
 def shard_name(word: str, name: str, group: str) -> str:
@@ -62,6 +82,7 @@ def _reduce_scatter(s: StreamSim, name: str, group: str, after: Optional[Event])
     the event the gradient is done with (None when the stage has neither)."""
     word = "AR" if s.c.shard_reduce_op == "all-reduce" else "RS"
     rs = s.comm("shard", "backward", "reduce-scatter", shard_name(word, name, group), group, after=[after])
+    s.rs_prev = rs or s.rs_prev
     return s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or after]) or rs
 
 
@@ -119,10 +140,10 @@ def perform_reduce_grad(s: StreamSim, chunk: ChunkCosts, tail: bool) -> None:
         names.append((head_g, head_g))
     done, prev = [], s.last
     for name, group in names:
+        rs_buffer_wait(s, tail)
         if copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0):
             if tail:  # on the compute stream after the unit, not moving its end
-                t0 = max(s.free["compute"], prev.end_s if prev is not None else 0.0)
-                prev = s._add("compute", shard_name("RS copy-in", name, group), t0, t0 + copy_in)
+                prev = s.fixed(shard_name("RS copy-in", name, group), copy_in, after=[prev])
             else:
                 prev = s.compute(shard_name("RS copy-in", name, group), copy_in)
         done.append(_reduce_scatter(s, name, group, prev))

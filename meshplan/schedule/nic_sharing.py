@@ -1,6 +1,6 @@
 """What sharing NICs costs the collectives that run at once (``meshplan step``'s ``concurrent:``
 lines): the seconds per step a stream's network collectives ran longer because another stream's,
-issued before them, held a share of the same NICs (:meth:`~meshplan.schedule.unit_sim.StreamSim._nic`,
+running at the same time (earlier or later issued), held a share of the same NICs (:mod:`~meshplan.schedule.unit_events`,
 the shares from :func:`~meshplan.schedule.comm_times.nic_share`). The lengthening is in the
 timeline: the parts line's exposure holds what of it the compute stream waited for.
 """
@@ -33,7 +33,8 @@ def concurrent_lines(st, stage: int = 0) -> list[str]:
     (:func:`~meshplan.schedule.linkload.concurrency`), with what sharing NICs cost each of the two
     (:func:`nic_waits`), or that it cost nothing; then one per stream whose collectives of two
     queues shared NICs (the gradient reduction's pieces shown on the group they run over, beside
-    that group's own collectives: a ZeRO-1 reduce-scatter over dp x cp beside the cp ring's sends)."""
+    that group's own collectives: a ZeRO-1 reduce-scatter over dp x cp beside the cp ring's sends;
+    FSDP2's reduce-scatters beside its all-gathers, both shown on fsdp: ``Overlap.fsdp_rs_queue``)."""
     waits = nic_waits(st, stage)
     out = []
     for (a, b), sec in sorted(concurrency(st, stage).items()):
@@ -44,14 +45,19 @@ def concurrent_lines(st, stage: int = 0) -> list[str]:
         out.append(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step ({how})")
     for a in sorted({a for a, b in waits if a == b}):
         if paid := _paid(st, waits, ((a, a),)):
-            out.append(f"concurrent: {st.named(a)}'s collectives of two queues (its own and the gradient reduction's "
-                       f"pieces over its group): sharing NICs lengthens {paid} per step ({LATER})")
+            out.append(f"concurrent: {st.named(a)}'s collectives of two queues ({TWO_QUEUES}): sharing NICs "
+                       f"lengthens {paid} per step ({LATER})")
     return out
 
 
-#: How the lengthening is charged (:meth:`~meshplan.schedule.unit_sim.StreamSim._nic`).
-LATER = ("the later issued runs on what the earlier leave, at least its fair share of the NIC; the parts line's "
-         "exposure holds what compute waited for")
+#: Which two queues of one stream's collectives meet on its NICs.
+TWO_QUEUES = ("its own and the gradient reduction's pieces over its group, or FSDP2's all-gathers and "
+              "reduce-scatters on their two streams")
+
+
+#: How the lengthening is charged (:func:`~meshplan.schedule.nic_fair.nic_waits`).
+LATER = ("each runs at its max-min fair share of the NIC while they run together, the earlier slowed by the later "
+         "too; the parts line's exposure holds what compute waited for")
 
 
 def _paid(st, waits: dict, pairs) -> str:

@@ -117,13 +117,18 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     stage-3 default is on) both ``fsdp_prefetch`` and ``grad_reduce`` are off: DeepSpeed then
     issues its all-gathers and reduce-scatters on the default stream (deepspeedai/DeepSpeed edaa722
     ``runtime/zero/parameter_offload.py:189-190``, ``runtime/zero/stage3.py:335-336``), where
-    each runs between the compute kernels and blocks them, a prefetch included. Megatron-DeepSpeed
+    each runs between the compute kernels and blocks them, a prefetch included. FSDP2 (framework torch,
+    ``zero3_engine = "fsdp2"``) issues its reduce-scatters on their own stream (``fsdp_rs_queue``:
+    torch 2.13 ``_fsdp_param_group.py`` lines 89-92, ``_fsdp_collectives.py`` lines 362-363 and 607-611);
+    Megatron FSDP's and DeepSpeed's ZeRO-3 keep one queue in the model. Megatron-DeepSpeed
     (``framework = "megatron"`` with ``zero3_engine = "deepspeed"`` at zero3) hands the backward and
     the gradient reductions to DeepSpeed's engine, not Megatron-LM's post-backward ``reduce_model_grads``
     (microsoft/Megatron-DeepSpeed f4157be ``megatron/core/pipeline_parallel/schedules.py:265-266``
     ``model.backward``, ``megatron/training.py:728-729`` ``if not args.deepspeed:
     optimizer.reduce_model_grads``): ``grad_reduce`` there follows DeepSpeed's ``overlap_comm``, as
     under torch (:func:`_deepspeed_zero3`)."""
+    if training.framework == "torch" and training.zero3_engine == "fsdp2":
+        overlap = replace(overlap, fsdp_rs_queue=True)
     if training.tp_comm_overlap and not overlap.tp and asynctp.unfused_overlap(training.framework):
         overlap = replace(overlap, tp=True)
     if training.framework == "megatron":

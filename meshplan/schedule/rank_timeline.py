@@ -140,7 +140,7 @@ from meshplan.schedule.deepspeed_layer import ds_backward_layer, ds_placed
 from meshplan.schedule.grad_reduce import perform_reduce_grad, unit_reduce, reduce_pieces
 from meshplan.schedule.layer_prefetch import LayerPrefetch
 from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, any_recompute, backward_layer, forward_layer, tp_collectives
-from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim
+from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim, simulate
 from meshplan.schedule.window_unshard import unshard_chunk
 
 
@@ -187,7 +187,12 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     ``gather_root``: whether this pass finds the layers' / the root's FSDP units sharded;
     ``lead_s``: they were all-gathered by torch's window UNSHARD, issued that many seconds before
     the pass (:mod:`~meshplan.schedule.window_unshard`; None: gathered in the pass)."""
-    s = StreamSim(comm, w, ov)
+    return simulate(lambda s: _forward(s, chunk, gather_layers, gather_root, lead_s), comm, w, ov)
+
+
+def _forward(s: StreamSim, chunk: ChunkCosts, gather_layers: bool, gather_root: bool, lead_s: Optional[float]) -> None:
+    """:func:`forward_unit`'s issue order on ``s``."""
+    comm, w, ov = s.c, s.w, s.ov
     if lead_s is not None and gather_layers:
         unshard_chunk(s, chunk, "forward", lead_s, gather_root)
         gather_layers = gather_root = False
@@ -242,7 +247,6 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         s.compute("head", chunk.head.seconds("forward") + (comm.copies.get((head_g, "all-gather"), 0.0)
                                                            if root is not None else 0.0), [pre, root])
         s.compute("loss tp wait", 0.0, [s.comm("tp", "loss", "all-reduce", "tp loss collectives", seconds=comm.loss_s)])
-    return s.finish()
 
 
 def _head_backward(s: StreamSim, head: Cost) -> None:
@@ -297,7 +301,14 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     reduction is the unit's tail, which the stage's end waits for; on an earlier chunk's last
     pass it holds the stream in the unit (the send then waits with it: a little early).
     ``lead_s``: as :func:`forward_unit`'s (B and Bx only)."""
-    s = StreamSim(comm, w, ov)
+    args = (kind, chunk, last_grad_unit, gather, reduce, deferred, stage_last, gather_root, lead_s)
+    return simulate(lambda s: _backward(s, *args), comm, w, ov)
+
+
+def _backward(s: StreamSim, kind: str, chunk: ChunkCosts, last_grad_unit: bool, gather: bool, reduce: bool,
+              deferred: bool, stage_last: bool, gather_root: bool, lead_s: Optional[float]) -> None:
+    """:func:`backward_unit`'s issue order on ``s``."""
+    comm, w, ov = s.c, s.w, s.ov
     with_b, with_w = kind in ("B", "Bx"), kind in ("B", "W")
     if lead_s is not None and with_b and gather:
         unshard_chunk(s, chunk, "backward", lead_s, gather_root)
@@ -398,6 +409,5 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         perform_reduce_grad(s, chunk, tail=stage_last)
     if comm.bucket_wait and s.reduced is not None and ov.grad_reduce:  # DeepSpeed's epilogue synchronize()
         s.compute("DeepSpeed epilogue synchronize", 0.0, [s.reduced])
-    return s.finish()
 
 

@@ -135,7 +135,7 @@ def unshard_chunk(s: StreamSim, chunk: ChunkCosts, phase: str, lead_s: float, ro
     ``-lead_s`` on their streams; then the compute stream waits for all of them and runs their
     copy-outs (FSDP2's ``wait_for_unshard``), so the pass's own layers gather nothing more."""
     c = s.c
-    s.free["fsdp"] = s.free["efsdp"] = -lead_s
+    s.queues_from(("fsdp", "efsdp"), -lead_s)
     waits = [s.comm("shard", phase, "all-gather", f"fsdp AG L{i} (UNSHARD, {lead_s * 1e3:.3f} ms ahead)", "layer")
              for i in range(len(chunk.layers))]
     copy_s = len(chunk.layers) * c.copies.get(("layer", "all-gather"), 0.0)

@@ -23,7 +23,7 @@ from meshplan.search.memory import Stages, lookup, split
 from meshplan.search.columns import bound_recompute
 from meshplan.search.layer_replays import extra_replays, layer_rows, more_replays, replayed_layers
 from meshplan.search.space import RECOMPUTE, Candidates, accumulates
-from meshplan.search.step_end_bound import final_reduce_tail, reduce_flow_shop_s, stage_end_bound
+from meshplan.search.step_end_bound import final_reduce_tail, fsdp2_rs_wait, reduce_flow_shop_s, stage_end_bound
 from meshplan.search.time_tables import EXTRA_FIELDS, OP_FIELDS, TimeTables
 from meshplan.spec.axes.base import Dim
 
@@ -247,11 +247,13 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # stream), then its HSDP all-reduce (dp_replicate stream), each stream serial and the first
     # copy-in after the unit's last backward. n identical jobs through three serial stages take at
     # least the three of one job plus (n - 1) x the longest (a flow shop,
-    # step_end_bound.reduce_flow_shop_s): ``b_wait``, the unit's time past its compute (at least
+    # step_end_bound.reduce_flow_shop_s; FSDP2's copy-in waits for the previous reduce-scatter,
+    # rs_wait: copy-in and reduce-scatter one stage): ``b_wait``, the unit's time past its compute (at least
     # ``b_red``). Dense models with one schedule run only (the tail's ``fsdp_red`` restriction; with
     # runs > 1 the DAG's last micro-batch is not each run's)
     waits = col((c.pp > 1) & (not m.is_moe or m.dense_layers == 0) & (cfg.training.pp_schedule_runs == 1))
     rs_p, ar_p = col(cm["fsdp_rs"]), col(cm["hsdp_ar"])
+    rs_wait = col(fsdp2_rs_wait(cfg, c))
 
     def cores(n, plus=0):
         # one chunk of n layers: each term grows with n (a longer chunk's bound is never lower);
@@ -263,7 +265,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
                 "b_core": has * np.maximum(np.maximum(ag_b * ds_1 - hb1, 0.0) + nb_c + e_ci,
                                            ds_n(n) * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
                 "b_red": has * (n * ci_p + e_ci_p),
-                "b_wait": np.maximum(has * (n * ci_p + e_ci_p), waits * reduce_flow_shop_s(n, ci_p, rs_p, ar_p))}
+                "b_wait": np.maximum(has * (n * ci_p + e_ci_p), waits * reduce_flow_shop_s(n, ci_p, rs_p, ar_p, rs_wait))}
 
     def extra(n, hb):
         # a gathering pass's extra over its chunk of n >= 1 layers (forward, backward less ``hb``);
@@ -340,7 +342,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     out["tail"] = np.maximum(np.maximum(one * out["head_b"] + has0 * (ag_b + cb) + red * n0 / np.maximum(st.n, 1),
                                         one * out["head_b"] + out["b_core0"] + has0 * fsdp_red) - b0 - root_in, 0.0)
     # pp > 1: the unit that ends the stage's order (chunk 0's) reduces its layers after its end
-    out["tail"] = np.maximum(out["tail"], has0 * waits * final_reduce_tail(n0, ci_p, rs_p, ar_p))
+    out["tail"] = np.maximum(out["tail"], has0 * waits * final_reduce_tail(n0, ci_p, rs_p, ar_p, rs_wait))
     return out
 
 

@@ -96,7 +96,18 @@ def per_step_gather(cfg: Config, tt: TimeTables, c: Candidates, s: dict):
     return out[0], out[1], calls, numel_fsdp
 
 
-def reduce_flow_shop_s(n, copy_in_s, rs_s: np.ndarray, ar_s: np.ndarray) -> np.ndarray:
+def fsdp2_rs_wait(cfg: Config, c: Candidates) -> np.ndarray:
+    """Per row of ``c``: whether its FSDP reduce-scatters run on FSDP2's own queue with one in flight
+    (``Overlap.fsdp_rs_queue``, :func:`meshplan.schedule.overlap_policy.config_overlap`: framework torch
+    under ``zero3_engine = "fsdp2"``, the engine :func:`meshplan.search.candidate.sharding_knobs` gives
+    the row: fsdp2 outside sharding zero3, ``searched_zero3_engine`` on it)."""
+    t = cfg.training
+    if t.framework != "torch":
+        return np.zeros(len(c), dtype=bool)
+    return (c.sh != SHARDING.index("zero3")) | (t.searched_zero3_engine == "fsdp2")
+
+
+def reduce_flow_shop_s(n, copy_in_s, rs_s: np.ndarray, ar_s: np.ndarray, rs_wait=False) -> np.ndarray:
     """Seconds torch's ``perform_reduce_grad`` takes at least over ``n`` layers of one gradient unit
     (:func:`meshplan.schedule.grad_reduce.perform_reduce_grad`), from the unit's last backward: per
     layer a copy-in (compute stream, ``copy_in_s``), then its reduce-scatter (fsdp stream, ``rs_s``),
@@ -106,21 +117,31 @@ def reduce_flow_shop_s(n, copy_in_s, rs_s: np.ndarray, ar_s: np.ndarray) -> np.n
     waits for it (``b_wait``, :func:`meshplan.search.layer_bounds.unit_bounds`) and the unit that
     ends a stage's order (:func:`final_reduce_tail`). Arrays broadcast; 0 where ``n`` is 0.
 
-    Seven layers, copy-in 1 ms, reduce-scatter 30 ms, all-reduce 2 ms: 1 + 30 + 2 + 6 x 30 = 213 ms:
+    ``rs_wait`` (per row where an array; FSDP2's one reduce-scatter in flight,
+    :func:`meshplan.schedule.grad_reduce.rs_buffer_wait`, torch 2.13 ``_fsdp_param_group.py`` lines
+    639-658): a layer's copy-in waits for the previous layer's reduce-scatter, so copy-in and
+    reduce-scatter are one machine of ``copy_in_s + rs_s``: ``(ci + rs) + ar + (n - 1) x max(ci + rs, ar)``.
+
+    Seven layers, copy-in 1 ms, reduce-scatter 30 ms, all-reduce 2 ms: 1 + 30 + 2 + 6 x 30 = 213 ms;
+    with the wait 31 + 2 + 6 x 31 = 219 ms:
 
     >>> round(float(reduce_flow_shop_s(np.array(7), 1e-3, 30e-3, 2e-3)) * 1e3, 6)
     213.0
+    >>> round(float(reduce_flow_shop_s(np.array(7), 1e-3, 30e-3, 2e-3, rs_wait=True)) * 1e3, 6)
+    219.0
     """
-    longest = np.maximum(np.maximum(copy_in_s, rs_s), ar_s)
+    first = np.where(rs_wait, copy_in_s + rs_s, np.maximum(copy_in_s, rs_s))
+    longest = np.maximum(first, ar_s)
     return (n >= 1) * (copy_in_s + rs_s + ar_s + np.maximum(n - 1, 0) * longest)
 
 
-def final_reduce_tail(n: np.ndarray, copy_in_s: np.ndarray, rs_s: np.ndarray, ar_s: np.ndarray) -> np.ndarray:
+def final_reduce_tail(n: np.ndarray, copy_in_s: np.ndarray, rs_s: np.ndarray, ar_s: np.ndarray,
+                      rs_wait=False) -> np.ndarray:
     """Seconds the reductions of the unit that ends a stage's order (pp > 1: its chunk's last
     gradient unit) run past its compute at least: :func:`reduce_flow_shop_s` less its ``n``
     layers' copy-ins (the step bound counts those in the stage's busy time, ``b_red``), the
     last layer's included; the embedding's and the head's own units only add to it. Arrays
-    broadcast; 0 where ``n`` is 0.
+    broadcast; 0 where ``n`` is 0; ``rs_wait`` as :func:`reduce_flow_shop_s`'s.
 
     Seven layers, copy-in 1 ms, reduce-scatter 30 ms, all-reduce 2 ms: 213 ms less the 7 copy-ins
     = 206 ms (= 30 + 2 + 6 x (30 - 1)):
@@ -128,4 +149,4 @@ def final_reduce_tail(n: np.ndarray, copy_in_s: np.ndarray, rs_s: np.ndarray, ar
     >>> round(float(final_reduce_tail(np.array(7), 1e-3, 30e-3, 2e-3)) * 1e3, 6)
     206.0
     """
-    return reduce_flow_shop_s(n, copy_in_s, rs_s, ar_s) - n * copy_in_s
+    return reduce_flow_shop_s(n, copy_in_s, rs_s, ar_s, rs_wait) - n * copy_in_s
