@@ -167,7 +167,8 @@ backward's gather and every dK/dV shift are waited for at once
 cp 93.9 ms -> 234.9 / 516.2 / 1078.6 ms at cp 2 / 4 / 8 (the gather of cp x 32,768 tokens' K, V
 and cp shifts, a layer), less the NCCL SMs' slowing of the SDPA calls they no longer overlap: T2
 cp2 +3.4% -> +2.5%, cp4 +38.7% -> +36.6%, cp8 +44.9% -> +42.1% (mean |error| 17.3% -> 17.0%;
-``--node dgx-h100`` 43.9% -> 43.7%). The issue's +45.8% is not the ring's traffic. Checked and not modelled: (i) nothing else of the calls: torch 2.13's ring
+``--node dgx-h100`` 44.0% -> 43.7%). The issue's +45.8% is not the ring's traffic. Checked and not
+modelled: (i) nothing else of the calls: torch 2.13's ring
 issues the same calls as the Dec 2024 one; (ii) the published steps are not linear
 in cp: per GPU the attention work doubles from row to row (32,768 local tokens against a
 sequence twice as long) while the published step goes 8.42 -> 12.90 -> 30.60 -> 59.80 s
@@ -178,8 +179,9 @@ no per-call rate differs between cp 2 and cp 4; what grows with cp at constant L
 traffic (now all counted: 0.23 -> 1.08 s a step) and its kernels (1.0 -> 1.6 s of memory-bound
 work): the published step less the predicted rest of the step leaves the attention 1.21 / 1.03 /
 1.44 / 1.47 x the predicted FA2 time at cp 1 / 2 / 4 / 8, not sourceable here. Also read, no change:
-torch's SDPA picks its flash backend (FA2) first of the two torchtitan allows (flash, efficient;
-9dec370 ``utils.py`` ``get_train_context``), so every ring step calls
+torch's SDPA takes the flash backend (its bundled FA2) before the efficient one, the two
+torchtitan allows under CP (9dec370 ``utils.py`` ``get_train_context``; the priority order of
+``sdp_utils.cpp`` not read at 1963fc8), so every ring step calls
 ``aten._scaled_dot_product_flash_attention`` and its backward; load balance (round-robin chunks)
 and the all-gather rotation are the defaults (``_ContextParallelOptions``); the merge and the
 dQ, dK, dV sums are fp32 (``convert_to_f32``) and the dK, dV go round the ring in fp32, cast back
