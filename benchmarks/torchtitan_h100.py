@@ -154,13 +154,38 @@ cp4 +39.9% -> +40.0%, cp8 +45.6% -> +45.8%. Then the ring's collectives the tabl
 shifted cp times, each beside the next SDPA backward call but the last, exposed (1.07 GB at L
 32,768, 2.93 ms over NVLink; 32 layers: 93.9 ms a step on every T2 row, 0.2-0.8% of its step;
 the gathers and the other shifts fit beside their SDPA steps, their NCCL SMs slowing them): T2
-cp2 +4.5% -> +3.4%, cp4 +40.0% -> +38.7%, cp8 +45.8% -> +44.9%. The issue's +45.8% is not the
-ring's traffic. Checked and not modelled: (i) nothing else of the calls: torch 2.13's ring
+cp2 +4.5% -> +3.4%, cp4 +40.0% -> +38.7%, cp8 +45.8% -> +44.9%. That 93.9 ms was the same on
+every row because only each layer's last shift was exposed and a shift moves the rank's own
+s / cp = 32,768 tokens' fp32 dK, dV whatever cp. But the T2 rows are compiled (torchtitan 9dec370
+``apply_compile``: each TransformerBlock, ``fullgraph=True``), so AOTAutograd traces the ring into
+the block's graphs, where every functional collective is followed by ``wait_tensor`` at once
+(torch ``_functional_collectives.py`` ``_maybe_wrap_tensor``) and inductor's scheduler decides
+where each wait runs: on torch 2.13 (``reorder_for_peak_memory`` on, its default; CPU, fake
+process group, d 128, cp 2, 4, 8) the forward's gather still runs beside the first call, but the
+backward's gather and every dK/dV shift are waited for at once
+(:func:`meshplan.schedule.ring_timeline.compiled_ring_backward`; torch 1963fc8 not read): exposed
+cp 93.9 ms -> 234.9 / 516.2 / 1078.6 ms at cp 2 / 4 / 8 (the gather of cp x 32,768 tokens' K, V
+and cp shifts, a layer), less the NCCL SMs' slowing of the SDPA calls they no longer overlap: T2
+cp2 +3.4% -> +2.5%, cp4 +38.7% -> +36.6%, cp8 +44.9% -> +42.1% (mean |error| 17.3% -> 17.0%;
+``--node dgx-h100`` 44.0% -> 43.7%). The issue's +45.8% is not the ring's traffic. Checked and not
+modelled: (i) nothing else of the calls: torch 2.13's ring
 issues the same calls as the Dec 2024 one; (ii) the published steps are not linear
 in cp: per GPU the attention work doubles from row to row (32,768 local tokens against a
 sequence twice as long) while the published step goes 8.42 -> 12.90 -> 30.60 -> 59.80 s
 (x1.53, x2.37, x1.95): cp2 -> cp4 more than doubles, which no per-token cost explains; nothing
-here names the cause. (iii) The 500 W cap on attention and float8 GEMMs: now modelled ("On the
+here names the cause. Every T2 row's calls have the same shapes (L = 32,768: one causal L x L and
+cp - 1 unmasked L x L/2 or L/2 x L, each rated from the catalog's FA2 rows at its loop length), so
+no per-call rate differs between cp 2 and cp 4; what grows with cp at constant L is the ring's
+traffic (now all counted: 0.23 -> 1.08 s a step) and its kernels (1.0 -> 1.6 s of memory-bound
+work): the published step less the predicted rest of the step leaves the attention 1.21 / 1.03 /
+1.44 / 1.47 x the predicted FA2 time at cp 1 / 2 / 4 / 8, not sourceable here. Also read, no change:
+torch's SDPA takes the flash backend (its bundled FA2) before the efficient one, the two
+torchtitan allows under CP (9dec370 ``utils.py`` ``get_train_context``; the priority order of
+``sdp_utils.cpp`` not read at 1963fc8), so every ring step calls
+``aten._scaled_dot_product_flash_attention`` and its backward; load balance (round-robin chunks)
+and the all-gather rotation are the defaults (``_ContextParallelOptions``); the merge and the
+dQ, dK, dV sums are fp32 (``convert_to_f32``) and the dK, dV go round the ring in fp32, cast back
+once after the last shift. (iii) The 500 W cap on attention and float8 GEMMs: now modelled ("On the
 part" above).
 
 **Left (not modelled; no fitted constant).** (1) The GPU: its attention at 500 W is not

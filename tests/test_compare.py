@@ -735,7 +735,19 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     deferred reduction after its last backward runs each layer's copy-in between the reduce-scatters,
     no longer all ahead of them: top1's 10 layers x 0.8643 ms (tp 2), row4's 20 x 0.4322 ms (tp 4),
     the same bytes a stage: 8.64 ms more of exposed fsdp each, the tail 40.383 -> 49.026 and 411.362
-    -> 420.005 ms: top1 63.830 s, row4 61.790 s, still 3.2% shorter."""
+    -> 420.005 ms: top1 63.830 s, row4 61.790 s, still 3.2% shorter.
+
+    Since torch.compile's ring backward waits its K/V all-gather and every dK/dV shift at once
+    (schedule.ring_timeline.compiled_ring_backward) a layer and micro-batch exposes the forward's
+    max(A - c_f, 0) and the backward's A + cp X, with A the gather's and X a shift's seconds and c_f
+    one forward ring step (the SDPA calls and merges / cp): row4 (A 104.6 us, X 202.1 us, c_f 242.0
+    us) 0 + 508.8 us, 256 x 20 x 508.8 us = 2.605 s exposed cp (1.035 s before) and 0.018 s more
+    bubble, 63.370 s; top1 (A 291.2 us, X 202.1 us, c_f 133.2 us; its backward step, 414.1 us, hid
+    the gather and the first 3 shifts before: 1.844 s was 5120 x (158.0 + 202.1) us) 158.0 + 1099.6
+    us, 512 x 10 x 1257.6 us = 6.439 s exposed cp and 0.063 s more bubble, 68.479 s; row4 7.5%
+    shorter. Both together (the merge of nic50 and cp50): the deferred copy-ins sit in the tail after
+    the last backward, the ring's collectives inside each layer's backward, so the two add: row4
+    63.3705 + 20 x 0.4322 ms = 63.379 s, top1 68.4786 + 10 x 0.8643 ms = 68.487 s, row4 7.5% shorter."""
     import tomllib
 
     from meshplan.compute.kernel_fragment import kernel_data
@@ -749,12 +761,17 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())
     assert (doc["winner"], doc["rejected"], doc["decided_by"]) == (
-        "row4", "top1", "shorter step by more than 1% (61.790 s vs 63.830 s, 3.2% shorter)")
-    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (63.830, 61.790)
-    assert doc["reasons"][0] == "row4 predicts a 3.2% shorter step (61.790 s vs 63.830 s)"
+        "row4", "top1", "shorter step by more than 1% (63.379 s vs 68.487 s, 7.5% shorter)")
+    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (68.487, 63.379)
+    assert doc["reasons"][0] == "row4 predicts a 7.5% shorter step (63.379 s vs 68.487 s)"
+    # FSDP2's one reduce-scatter in flight adds the deferred copy-ins to the tail (first paragraph), apart from
+    # the ring collectives inside each layer's backward (second): the two add
+    assert (round(63.3705 + 20 * 0.4322e-3, 3), round(68.4786 + 10 * 0.8643e-3, 3)) == (63.379, 68.487)
     assert 8192 // 2 * 16 * 256 * 4 == 67_108_864  # row4's shift: 8,192 / cp 2 tokens x 16 heads x (128 + 128) x 4 B
-    assert round(60.735 + 256 * 20 * 202.1e-6 + 0.012, 3) == 61.782  # before FSDP2's one reduce-scatter in flight
-    assert (round(61.7817 + 20 * 0.4322e-3, 3), round(63.8210 + 10 * 0.8643e-3, 3)) == (61.790, 63.830)  # unrounded steps before
+    assert round(60.735 + 256 * 20 * 202.1e-6 + 0.012, 3) == 61.782
+    # compiled, every backward collective waited at once (docstring): exposed cp by hand
+    assert [round(256 * 20 * (104.6 + 2 * 202.1) * 1e-6, 3), round(512 * 10 * (291.2 - 133.2 + 291.2 + 4 * 202.1) * 1e-6, 3),
+            round(5120 * (291.2 - 133.2 + 202.1) * 1e-6, 3)] == [2.605, 6.439, 1.844]
     assert [round(62.040 - 6 * 8_388_608 * 10 * 512 / 2.97e12, 3), round(60.764 - 2 * 8_388_608 * 20 * 256 / 2.97e12, 3)
             ] == [61.953, 60.735]   # 61.952 unrounded: 62.0395
     # the attention of one layer on stage 0, cp rank 0's calls (docstring), and what it adds a step
@@ -899,12 +916,14 @@ def test_compute_line_names_the_kernel_kinds_that_differ():
     (issue 11, cp_attention "ring") +109.3 ms: cp2's compute is slowed while NCCL holds 24 of the 132
     SMs (schedule.comm_times.nccl_sm_share) over the overlapped ring collectives, per layer 2 K/V
     gathers of 195.7 us and the first dK/dV shift of 384.3 us instead of 2 x 36.3 us:
-    80 x (775.7 - 72.6) us x 24 / 132 = 10.2 ms."""
+    80 x (775.7 - 72.6) us x 24 / 132 = 10.2 ms. Since torch.compile's ring backward waits its gather and
+    shifts at once (schedule.ring_timeline.compiled_ring_backward) +100.9 ms: only the forward's gather
+    runs beside compute, 80 x (195.7 - 72.6) us x 24 / 132 = 1.79 ms over the 99.1 ms."""
     from test_search_explain import _trial_pair
     (p1, _), (p2, _) = _trial_pair()
     c = compare(p1, p2, names=("tp4", "cp2"))
     i = next(k for k, r in enumerate(c.reasons) if r.startswith("compute: "))
-    assert c.reasons[i].endswith("(+109.3 ms)")
+    assert c.reasons[i].endswith("(+100.9 ms)")
     assert round(99.1 + 80 * (2 * 195.7 + 384.3 - 2 * 36.3) * 24 / 132 / 1e3, 1) == 109.3
     assert (round(13.56 * 29 / 30, 1), round(33.44 * 73 / 74, 1)) == (13.1, 33.0)
     assert c.reasons[i + 1:i + 4] == ("of compute, SP layout copy: tp4 0.0 ms, cp2 43.4 ms (+43.4 ms)",

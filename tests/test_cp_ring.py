@@ -159,6 +159,33 @@ def test_ring_exposed_time_by_hand():
     assert names == ["cp K/V all-gather", "cp dK/dV shift", "cp dK/dV last shift"]
 
 
+def test_compiled_ring_backward_waits_each_collective_at_once():
+    """torch.compile (torchtitan compiles each block): traced, every functional collective is
+    followed by ``wait_tensor`` and inductor's peak-memory order (torch 2.13's default) runs the
+    backward as call 0, the gather, its wait, then per step the shift and its wait before the next
+    call (ring_timeline.compiled_ring_backward; the generated code read at d 128, cp 2, 4, 8). One
+    layer, cp 2: by hand the backward's cp exposure is A + 2 X, none of it beside a call, with A the
+    gather's and X a shift's seconds from the table; the forward is unchanged, the gather beside
+    the first call: max(A - c_f, 0). Eager (the test above) exposes max(A, c_b) - c_b +
+    max(X - c_b, 0) + X, less by min(A, c_b) + min(X, c_b), c_b one backward call (1.35 ms here;
+    the shift crosses the nodes' NICs: 2.86 ms)."""
+    w, one, cost, rows = _one_layer(torch_compile=True)
+    assert not w.torch_eager
+    ag = next(r for r in rows if r.phase == "forward")
+    x = next(r for r in rows if r.op == "send/recv")
+    comm = CommTimes.from_rows(rows, layers=1)
+    c_f, c_b = _ring_s(cost, "forward") / 2, _ring_s(cost, "backward_input") / 2
+    b = backward_unit("B", one, comm, w, Overlap())
+    assert b.exposed_s["cp"] == pytest.approx(ag.time_s + 2 * x.time_s)
+    eager = max(ag.time_s, c_b) - c_b + max(x.time_s - c_b, 0.0) + x.time_s
+    assert b.exposed_s["cp"] - eager == pytest.approx(min(ag.time_s, c_b) + min(x.time_s, c_b))
+    assert b.duration_s == pytest.approx(cost.backward_s + ag.time_s + 2 * x.time_s)
+    names = [e.name for e in b.events if e.stream == "cp"]
+    assert names == ["cp K/V all-gather (waited at once)", "cp dK/dV shift (waited at once)", "cp dK/dV last shift"]
+    f = forward_unit(one, comm, w, Overlap())
+    assert f.exposed_s["cp"] == pytest.approx(max(ag.time_s - c_f, 0.0))
+
+
 def test_ring_full_recompute_replays_the_forward_gather():
     """Full recompute: the replayed forward gathers again (beside its first SDPA call) before
     the backward's own gather and shifts: 2 all-gathers and 2 shifts on the cp stream."""

@@ -39,7 +39,7 @@ import numpy as np
 from meshplan.comm.alphabeta import OPS
 from meshplan.comm.row import link_bytes
 from meshplan.compute.batch_input import BATCH_BROADCASTS
-from meshplan.schedule.ring_timeline import LAST_SHIFT, RING_CALL, RING_CALL_B
+from meshplan.schedule.ring_timeline import BLOCKING_GATHER, BLOCKING_SHIFT, LAST_SHIFT, RING_CALL, RING_CALL_B
 from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_loads, stage_of_ranks
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
@@ -254,8 +254,8 @@ def _deadline(d, i: int, opt: float) -> float:
         rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n == words[-1]]
         hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit >= d.unit[i]))
         return float(d.start[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
-    if stream == "cp" and name == LAST_SHIFT:
-        return float(d.end[i])  # torch's ring: a layer's last dK/dV shift blocks its backward's end
+    if stream == "cp" and name in (LAST_SHIFT, BLOCKING_SHIFT, BLOCKING_GATHER):
+        return float(d.end[i])  # torch's ring: a layer's last dK/dV shift blocks (compiled: the backward's every one)
     if stream == "cp":
         # all-gather CP (layer_timeline._block): the K/V all-gather runs beside the Q projection and
         # the core attention waits for it; the dK/dV reduce-scatter beside wq's input gradient,

@@ -35,6 +35,10 @@ RING_AFTER = " ring step after its wait"
 RING_CALL, RING_CALL_B = " ring call", " ring call B"
 #: Name of the last dK/dV shift of a layer's ring backward, which nothing overlaps.
 LAST_SHIFT = "cp dK/dV last shift"
+#: Name of a compiled ring backward's other dK/dV shifts, each waited for at once (:func:`compiled_ring_backward`).
+BLOCKING_SHIFT = "cp dK/dV shift (waited at once)"
+#: Name of a compiled ring backward's K/V all-gather, waited for at once (:func:`compiled_ring_backward`).
+BLOCKING_GATHER = "cp K/V all-gather (waited at once)"
 
 
 def ring_cp(s: StreamSim) -> bool:
@@ -139,6 +143,9 @@ def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: flo
         p2p_steps(s, name + RING_CALL_B, "backward", sdpa, p2p_sends(cp, "backward"), steps)
         return
     s.compute(name + " core B", rest, wait)
+    if not s.w.torch_eager:
+        compiled_ring_backward(s, name, step)
+        return
     ring = s.comm("cp", "backward", "all-gather", "cp K/V all-gather", after=[s.last])
     s.compute(name + RING_CALL_B, step)
     shift = s.comm("cp", "backward", "send/recv", "cp dK/dV shift" if cp > 1 else LAST_SHIFT, after=[s.last])
@@ -147,6 +154,40 @@ def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: flo
         s.compute("dK/dV wait", 0.0, [shift])
         shift = s.comm("cp", "backward", "send/recv", LAST_SHIFT if k == cp - 1 else "cp dK/dV shift", after=[s.last])
     s.compute("dK/dV wait", 0.0, [shift])
+
+
+def compiled_ring_backward(s: StreamSim, name: str, step: float) -> None:
+    """torch's ring backward under torch.compile (``s.w.torch_eager`` false: torchtitan compiles
+    each TransformerBlock, ``fullgraph=True``, so AOTAutograd traces ``_templated_ring_attention_backward``
+    through DTensor's dispatch into the block's backward graph): ``cp`` SDPA backward calls of
+    ``step`` seconds each (with their ring kernels), the K/V all-gather and every fp32 dK/dV shift
+    BLOCKING, each waited for at once, in inductor's order: call 0, the gather and its wait, then per
+    step its shift and wait before the next call; the last shift ends the core.
+
+    Source: ``torch/distributed/_functional_collectives.py`` ``_maybe_wrap_tensor`` (torch 2.13;
+    the same since 2023): while tracing, every functional collective (``all_gather_tensor``,
+    ``permute_tensor``'s ``all_to_all_single``) is followed by ``wait_tensor`` at once, so the
+    rotaters' later ``next_buffer`` waits nothing; where each wait then runs is inductor's
+    scheduler's choice. ``torch/_inductor/config.py``: ``reorder_for_compute_comm_overlap = False``,
+    ``reorder_for_peak_memory = True`` (torch 2.13's defaults; turned on by default in pytorch
+    PR #137467, Oct 2024; torchtitan's SimpleFSDP turns it off in 46dc201f3, Mar 2025, so it was on
+    then; torch 1963fc8 of Dec 2024, the T2 rows' commit, not read). Measured on torch 2.13 (CPU,
+    inductor, fake process group, ``_templated_ring_attention_backward`` with the CPU flash op,
+    d 128: cp 2, 4, 8 at ranks 0 and cp - 1): in every generated backward the gather comes after
+    the first SDPA backward call and its wait right after it, and each ``all_to_all_single`` is
+    followed directly by its ``wait_tensor``, no call between; with ``reorder_for_peak_memory``
+    off, the order is the eager one (:func:`ring_backward`: the gather beside call 0, each shift
+    beside the next call). The forward's gather stays beside the first call in both orders
+    (:func:`ring_forward`), as does a replayed forward's (not measured in the joint graph)."""
+    cp = s.w.cp
+    s.compute(name + RING_CALL_B, step)
+    ring = s.comm("cp", "backward", "all-gather", BLOCKING_GATHER, after=[s.last])
+    s.compute("K/V wait", 0.0, [ring])
+    for k in range(cp):
+        if k:
+            s.compute(name + RING_CALL_B, step)
+        shift = s.comm("cp", "backward", "send/recv", LAST_SHIFT if k == cp - 1 else BLOCKING_SHIFT, after=[s.last])
+        s.compute("dK/dV wait", 0.0, [shift])
 
 
 _CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a": "kv", "wkv_b": "kv"}

@@ -97,6 +97,8 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # and its backward's own gather and a selective replay's, cpr > 0, exposed too). The ring
     # (schedule.ring_timeline.ring_backward): its gather beside the first of cp steps of s seconds,
     # each of cp - 1 shifts X beside the next step, the last exposed: max(AG - s, 0) + (cp - 1) max(X - s, 0) + X
+    # (compiled, the timeline waits the gather and every shift at once, AG + cp X: ring_timeline.compiled_ring_backward;
+    # this eager order's exposure stays a lower bound on it)
     cp_b = np.where(ring, np.maximum(cm["cp_ag"] - b["cps"], 0.0) + cm.get("cp_n", 0) * np.maximum(x - b["cps"], 0.0)
                     + x, np.maximum(cm["cp_rs"] - b["cpq"] * (1 - te_ag), 0.0)
                     + te_ag * cm["cp_ag"] * (1 + (b["cpr"] > 0)))
