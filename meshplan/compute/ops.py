@@ -83,7 +83,8 @@ class Workload:
     features; ``sp``: sequence parallel; ``dtype`` of activations and of every GEMM but the
     float8 Linears': the GEMMs of the weights named in ``float8_gemms`` run in ``linear_dtype``
     (:meth:`gemm_dtype`; :func:`float8_gemms` of a training contract).
-    ``fused_qkv``: Q, K and V projected by one GEMM (:func:`~meshplan.compute.kernel_time.qkv_fused_ops`);
+    ``fused_qkv``: Q, K and V projected by one GEMM (:func:`~meshplan.compute.kernel_time.qkv_fused_ops`;
+    Megatron-LM's, or torchtitan b5bcd76's ``wqkv``: :attr:`~meshplan.spec.training_knobs.TrainingKnobs.fuses_qkv`);
     ``fp32_wgrad_accumulation``: weight-gradient GEMMs accumulate into fp32 main gradients
     (:func:`~meshplan.compute.kernel_time.gemm_ops`); ``megatron_ops``: Megatron-LM's (2022, NVIDIA/Megatron-LM 2755bcb) own
     kernels around the GEMMs (:mod:`meshplan.compute.megatron`); ``attention_kernels``: the
@@ -290,7 +291,10 @@ def framework_kernels(training) -> dict:
     :class:`~meshplan.spec.training.TrainingSpec`): Megatron-LM projects Q, K and V with one
     GEMM (``fused_qkv``) and, with fp32 gradients, accumulates weight gradients into them
     inside the GEMM (``fp32_wgrad_accumulation``: its ``gradient_accumulation_fusion``, on by
-    default); torch does neither. Megatron-LM also runs its own kernels around the GEMMs
+    default); torch does neither, but torchtitan b5bcd76's llama3 and qwen3 flavors project Q, K and V
+    with one ``wqkv`` Linear (``fused_qkv``: :attr:`~meshplan.spec.training_knobs.TrainingKnobs.fuses_qkv`,
+    the revision ``training.op_sac_policy`` names; MLA has no wk or wv to fuse:
+    :func:`~meshplan.compute.shapes.fused_qkv_parts`). Megatron-LM also runs its own kernels around the GEMMs
     (``megatron_ops``, :mod:`meshplan.compute.megatron`). The fused attention is the
     framework's too (``attention_kernels``, :data:`SDPA_KERNELS`): torch runs
     ``F.scaled_dot_product_attention`` (measured as such where the catalog has "SDPA" rows), whose
@@ -329,7 +333,7 @@ def framework_kernels(training) -> dict:
     # the weight-gradient GEMMs write the bf16 .grad, which BF16_Optimizer accumulates in fp32 after the
     # backward (compute.deepspeed_pipe)
     fp32_wgrad = megatron and training.grad_dtype == "fp32" and training.pp_engine != "deepspeed"
-    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": fp32_wgrad,
+    return {"fused_qkv": training.fuses_qkv, "fp32_wgrad_accumulation": fp32_wgrad,
             "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
             "torch_eager": not megatron and not training.torch_compile,
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",

@@ -17,7 +17,7 @@ from meshplan.compute.ops import Cost, Op, Workload
 from meshplan.compute.shapes import Gemm
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.training_fields import OpSacPolicy
+from meshplan.spec.training_fields import FUSED_QKV_REVISIONS, OpSacPolicy
 
 
 def replay(o: Op) -> Op:
@@ -146,7 +146,7 @@ def op_sac_fuses_qkv(policy: str, mla: bool) -> bool:
     >>> op_sac_fuses_qkv("b5bcd76", False), op_sac_fuses_qkv("b5bcd76", True), op_sac_fuses_qkv("238fa99", False)
     (True, False, False)
     """
-    return policy == "b5bcd76" and not mla
+    return policy in FUSED_QKV_REVISIONS and not mla
 
 
 def layer_mms(model: ModelSpec, moe: bool, policy: str = "238fa99") -> tuple[str, ...]:
