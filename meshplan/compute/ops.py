@@ -126,7 +126,10 @@ class Workload:
     (``training.op_sac_policy``, :func:`meshplan.compute.recompute.op_sac_fuses_qkv`);
     ``shared_beside_combine``: an MoE layer's shared experts run while DeepEP's combine is in flight
     (torchtitan's ``DeepEPMoE``, framework torch with ``moe_dispatcher = "deepep"``:
-    :func:`meshplan.comm.deepep.shared_forward_s`)."""
+    :func:`meshplan.comm.deepep.shared_forward_s`); ``op_replays_ep``: an MoE layer's op-level SAC replay
+    issues the EP dispatch and combine again (their outputs not in the policy's save list: torchtitan
+    238fa99's Qwen3, :func:`meshplan.compute.recompute.op_sac_saves_all_to_all`, set by
+    :func:`meshplan.schedule.workload.workload_of`, which knows the model)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -167,6 +170,7 @@ class Workload:
     embed_reduce_scatter: bool = False
     op_sac_policy: str = "238fa99"
     shared_beside_combine: bool = False
+    op_replays_ep: bool = False
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its

@@ -163,6 +163,37 @@ def op_sac_fuses_qkv(policy: str, mla: bool) -> bool:
     return policy in FUSED_QKV_REVISIONS and not mla
 
 
+def op_sac_saves_all_to_all(policy: str, mla: bool, shared: bool) -> bool:
+    """Whether torchtitan's op-level SAC policy ``policy`` (:data:`OP_SAC_POLICIES`) saves the MoE
+    dispatch's and combine's ``all_to_all_single`` outputs (so its recompute issues no EP all-to-all)
+    for an MoE model with multi-head latent attention (``mla``) or shared experts (``shared``).
+    238fa99's save lists are per model: ``models/deepseek_v3/infra/parallelize.py`` 33-48 (MLA; line 41
+    ``_c10d_functional.all_to_all_single``) and ``models/llama4/infra/parallelize.py`` 51-66 (shared
+    experts: ``MoEArgs.num_shared_experts`` 1, ``models/moe/moe.py`` 24; line 59) save it;
+    ``models/qwen3/infra/parallelize.py`` 39-54 does not (Qwen3's MoE flavours have no shared expert,
+    ``models/qwen3/__init__.py`` 137, 160, 183), so the dispatch and combine are replayed in the
+    recompute. meshplan takes an MoE model without MLA or shared experts as Qwen3's (gpt_oss, whose
+    list saves it, has attention sinks meshplan does not model). b5bcd76: one list for every model
+    (``distributed/activation_checkpoint.py`` ``_get_default_save_ops`` 31-94, ``all_to_all_single``
+    among them): saved.
+
+    >>> [op_sac_saves_all_to_all(p, m, s) for p, m, s in (("238fa99", False, False), ("238fa99", True, False),
+    ...                                                   ("238fa99", False, True), ("b5bcd76", False, False))]
+    [False, True, True, True]
+    """
+    return policy != "238fa99" or mla or shared
+
+
+def op_replays_ep(model: ModelSpec, training) -> bool:
+    """Whether an MoE layer's op-level SAC replay (``training.recompute = "op"``) issues the EP
+    all-to-alls again: :func:`op_sac_saves_all_to_all` false for ``model`` and the training's
+    ``op_sac_policy``. The one rule of the timeline (``Workload.op_replays_ep``), the collective
+    table (:func:`meshplan.comm.ep_rows.ep_rows`), the kept activations
+    (:mod:`meshplan.memory.workingset`) and the search's bound (:mod:`meshplan.search.layer_bounds`)."""
+    return training.recompute == "op" and model.is_moe and not op_sac_saves_all_to_all(
+        training.op_sac_policy, model.is_mla, bool(model.shared_experts))
+
+
 def layer_mms(model: ModelSpec, moe: bool, policy: str = "238fa99") -> tuple[str, ...]:
     """:func:`op_sac_mms` of a dense (``moe`` False) or MoE layer of ``model`` under op-level SAC
     policy ``policy`` (:func:`op_sac_fuses_qkv`)."""
