@@ -57,6 +57,19 @@ def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
     whole layer: nothing is left out. The timeline leaves the replayed MLP's closing collective
     out likewise (:func:`meshplan.schedule.layer_timeline.replay_scatters`).
 
+    Known divergence (tt50, not yet changed): torchtitan does not run torch's default early stop. It
+    wraps each block with ``ptd_checkpoint_wrapper(..., early_stop=False)`` since 25413d2 (#1580):
+    238fa99 ``config/job_config.py`` 675 ``early_stop: bool = False``, passed at
+    ``distributed/activation_checkpoint.py`` 45, 135, 154; b5bcd76 ``activation_checkpoint.py`` 180
+    and 285 pass False outright; torch 2.13 ``utils/checkpoint.py`` 1128-1131 stop early only when
+    it is set. So torchtitan's eager replay re-runs the whole block, the scatter's layout copy and the
+    MLP's closing reduce-scatter (or all-reduce) too. meshplan's own runtime
+    (``runtime/execution/model.py`` 204, ``pipelined_stage.py`` 82) calls ``checkpoint`` with the default
+    (early stop on), which tests/test_mla_tp.py checks the table against, so the two move together.
+    Measured on tt50's branch (reverted there): Llama-3-70B dp_shard 4 x tp 8 eager full AC on 4
+    dgx-h100 2963.4 -> 3057.2 ms; the compare test's 70B at 128k 162.3 -> 163.2 s (80 x 16 x 0.66 ms
+    replayed reduce-scatters).
+
     >>> full_ac_not_replayed(Workload(seq_len=8, megatron_ops=True))
     ()
     >>> full_ac_not_replayed(Workload(seq_len=8, torch_eager=True))
