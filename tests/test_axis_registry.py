@@ -67,9 +67,9 @@ def test_registry_is_complete_and_rules_are_ordered():
     for r in rules():  # every rule gives its exact reason or names where it is produced
         assert r.check is not None or r.where, r.key
     # the search's categories are the registered rules with a vectorised form, then the schedules'
-    assert [k for k, _ in REASONS][:14] == ["expert_block", "heads", "torch_kv_heads", "ffn", "expert_ffn", "layers",
+    assert [k for k, _ in REASONS][:15] == ["expert_block", "heads", "torch_kv_heads", "ffn", "expert_ffn", "layers",
                                             "experts", "expert_dim1", "megatron_moe_sp", "torch_etp", "seq_cp",
-                                            "megatron_cp_attention", "seq_tp", "batch"]
+                                            "megatron_cp_attention", "torch_cp_flex", "seq_tp", "batch"]
     assert [c.column for _, c in search_axes()] == ["pp", "dpr", "dps", "cp", "tp", "ep", "etp"]
     assert [c.column for _, c in search_axes() if c.remainder] == ["dps"]
 
@@ -80,8 +80,10 @@ MODELS = [SimpleNamespace(q_heads=q, n_kv_heads=kv, ffn=ffn, is_moe=moe, dense_l
                                                      (40, 10, 5000, True, 1, 1536, 6, 27, 5120),
                                                      (12, 12, 3072, False, 0, 0, 0, 12, 768)]]
 TRAINING = [SimpleNamespace(global_batch=gb, micro_batch=1, seq_len=s, sharding=sh, zero3_engine="fsdp2", framework=f,
-                            flash_attention=fa)
-            for gb, s, sh, f, fa in [(64, 4096, "zero3", "torch", True), (48, 1000, "zero1", "megatron", False)]]
+                            flash_attention=fa, op_sac_policy=rev)
+            for gb, s, sh, f, fa, rev in [(64, 4096, "zero3", "torch", True, "238fa99"),
+                                          (48, 1000, "zero1", "megatron", False, "238fa99"),
+                                          (64, 4096, "zero3", "torch", True, "b5bcd76")]]  # tt50: rule torch_cp_flex
 
 
 @pytest.mark.parametrize("m", MODELS)
@@ -111,9 +113,10 @@ EXACT_ONLY = {"experts": ("tokens do not split evenly", "on a dense model")}
 def test_a_rule_is_its_exact_reason():
     """A rule's exact text comes with its predicate: broken exactly where ``bad`` says,
     except for the exact-only reasons listed in :data:`EXACT_ONLY`."""
-    t = SimpleNamespace(global_batch=64, micro_batch=2, seq_len=4096, vocab_pad_divisor=128, sharding="zero3",
-                        zero3_engine="fsdp2", framework="megatron", flash_attention=False)
-    for rule in (r for r in rules() if r.bad is not None and r.check is not None):
+    t0 = SimpleNamespace(global_batch=64, micro_batch=2, seq_len=4096, vocab_pad_divisor=128, sharding="zero3",
+                         zero3_engine="fsdp2", framework="megatron", flash_attention=False, op_sac_policy="238fa99")
+    tt = SimpleNamespace(**{**vars(t0), "framework": "torch", "op_sac_policy": "b5bcd76"})  # tt50: torch_cp_flex
+    for rule, t in itertools.product((r for r in rules() if r.bad is not None and r.check is not None), (t0, tt)):
         for m in MODELS:
             m = SimpleNamespace(**vars(m), name="m", d_head=128, vocab=32000)
             for tp, cp, dp in itertools.product([1, 3, 8], [1, 3, 4], [1, 3, 8]):

@@ -639,7 +639,7 @@ def test_framework_kernel_choices_itemise_compute():
     assert [r.split(":")[0] for r in c.reasons[i + 2:i + 6]] == [
         "elementwise ops one kernel each (torch without torch_compile)",
         "torch's context-parallel ring attention (fp32 merges and gradient sums)",
-        "Megatron-LM's own kernels around the GEMMs", "Q, K and V projected by one GEMM (Megatron-LM)"]
+        "Megatron-LM's own kernels around the GEMMs", "Q, K and V projected by one GEMM (Megatron-LM; torchtitan b5bcd76's wqkv)"]  # tt50: label
     # the choices' seconds add up to the compute they move: 40.06 s of the 40.15 s (the rest: the
     # vocabulary padding, 128256 -> 129024, and the dtypes that come with the framework)
     moved = sum(s for _, s in choice_seconds(c.a, c.b))

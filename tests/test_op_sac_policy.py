@@ -81,8 +81,13 @@ def test_bad_value_is_one_line_naming_the_field():
     assert "\n" not in str(e.value) and "b5bcd76" in str(e.value)
 
 
-def test_knob_acts_under_op_only():
+def test_knob_acts_under_op_or_torch():
+    """tt50: the policy names torchtitan's revision, whose model code (b5bcd76's one wqkv GEMM, its
+    CP refusal without flex: tests/test_torchtitan_b5bcd76.py) acts under framework torch at every
+    recompute; under megatron only op-level AC reads it."""
     from meshplan.spec.training import TrainingSpec
-    t = lambda rc: TrainingSpec(global_batch=8, seq_len=16, recompute=rc, op_sac_policy="b5bcd76")
+    t = lambda rc, fw="torch": TrainingSpec(global_batch=8, seq_len=16, recompute=rc, op_sac_policy="b5bcd76",
+                                            framework=fw)
     assert t("op").knob_acts("op_sac_policy") == (True, "b5bcd76")
-    assert t("full").knob_acts("op_sac_policy") == (False, "b5bcd76")
+    assert t("full").knob_acts("op_sac_policy") == (True, "b5bcd76")
+    assert t("full", "megatron").knob_acts("op_sac_policy") == (False, "b5bcd76")

@@ -66,3 +66,44 @@ def test_search_output_names_hpz_as_the_tops_difference():
     z3 = [i for i in r.exact if SHARDING[c.sh[i]] == "zero3"]
     assert all(candidate_config(r.config, c, i).training.zero_hpz_partition_size == c.hpz(i) for i in z3)
     assert np.isin(c.hz, [1, 8]).all()
+
+
+def _held(values):
+    """``_cfg()`` with ``[search] zero_hpz_partition_size`` set, read as a TOML's table would be."""
+    cfg = _cfg()
+    return config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {**NODE, "nodes": 2},
+                             "mesh": {"names": ["dp_shard"], "shape": [16]},
+                             "training": cfg.training.model_dump(exclude_unset=True),
+                             "search": {**cfg.search.model_dump(exclude_unset=True),
+                                        "zero_hpz_partition_size": values}})
+
+
+def test_search_switch_holds_hpz():
+    """tt50: ``[search] zero_hpz_partition_size`` holds hpZ as ``reshard_after_forward`` holds its knob.
+    The 2-node space of test_rule_hpz_varied_where_the_data_axis_is_the_world is 8 meshes-and-reshard
+    rows plus one more hpZ value on each of the 2 dp_shard 16 rows (10); held at [8] those 2 rows take
+    g 8 only (8 rows: dp_shard 16 at hpZ 8, the tp > 1 rows at 1, where hpZ cannot run); held at [1] none
+    runs hpZ (8 rows). The config's own g (1, unset) is then not searched at its mesh, and the configured
+    line says which [search] field holds it; the narrowing line names the held values."""
+    from meshplan.report.search import narrowed_lines
+    from meshplan.search.configured_find import find
+    eight = enumerate_candidates(_held([8]))
+    assert len(eight) == 8
+    assert sorted(set(eight.hz[eight.tp == 1].tolist())) == [8] and set(eight.hz[eight.tp > 1].tolist()) == {1}
+    off = enumerate_candidates(_held([1]))
+    assert len(off) == 8 and set(off.hz.tolist()) == {1}
+    cfg = _held([8])
+    why = find(cfg, cfg.mesh, eight)
+    assert isinstance(why, str) and why.startswith("zero_hpz_partition_size 1 is not searched")
+    assert "[search] zero_hpz_partition_size" in why
+    assert narrowed_lines(cfg.search)[0].endswith("zero_hpz_partition_size 8, micro_batch 1, recompute full, "
+                                                  "sharding zero3")
+
+
+def test_search_switch_bad_value_is_one_line():
+    """A g below 1 is an error naming the field, one line."""
+    from meshplan.errors import ConfigError
+    import pytest
+    with pytest.raises(ConfigError, match="search.zero_hpz_partition_size") as e:
+        _held([0])
+    assert "\n" not in str(e.value)

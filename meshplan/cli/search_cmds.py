@@ -182,8 +182,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     where [search] recompute lists it; torchtitan's per-layer "layer", every 2nd layer, its default, with
     ep > 1 or MLA beside op, elsewhere only where [search] recompute lists it: it adds ~40% to a dense
     search's time), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
-    (FSDP), training.tp_comm_overlap (tp > 1) and the Llama 3 layer split with lighter first and last stages
-    (pp >= 3); [search] narrows each. A pp that does not divide the layers gets, at vpp 1, the balanced
+    (FSDP), training.tp_comm_overlap (tp > 1), DeepSpeed ZeRO++ hpZ's training.zero_hpz_partition_size
+    (zero3 under DeepSpeed, the data axis the world over more than one node: the config's g, the node's
+    GPUs, 1) and the Llama 3 layer split with lighter first and last stages (pp >= 3); [search] narrows
+    each ([search] zero_hpz_partition_size = [1] holds hpZ off). A pp that does not divide the layers gets, at vpp 1, the balanced
     split, or under training.framework megatron the one Megatron-LM's --decoder-first/last-pipeline-num-layers
     set (middle stages even: 61 layers at pp 16 as [3, 4 x 14, 2]); a pp where they set none is rejected,
     rule 'split' (61 layers at pp 32). [search] pp_schedules adds ZB-V and DualPipeV (zbv, dualpipev) on

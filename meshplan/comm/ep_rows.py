@@ -34,6 +34,7 @@ import numpy as np
 from meshplan.comm import deepep
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute.routing import RoutingOptions, routed_tokens, routing
+from meshplan.compute.recompute import op_replays_ep
 from meshplan.mesh.layout import grid_groups
 from meshplan.spec.recompute_modules import moe_replayed
 from meshplan.units import dtype_bytes
@@ -48,7 +49,8 @@ COUNT_DTYPE, COUNT_BYTES = "int64", 8
 
 def ep_rows(add, c: StageContext) -> None:
     """The stage's ep rows (the table's builder for ep): the dispatch and combine all-to-alls of
-    every MoE layer, their gradients and a recomputed layer's replay, of the routing model's
+    every MoE layer, their gradients and a recomputed layer's replay (full AC, Megatron-LM's ``moe``,
+    op-level SAC where its policy does not save them: :func:`meshplan.compute.recompute.op_replays_ep`), of the routing model's
     received rows (:func:`meshplan.compute.routing.routing`), and dropless, the count exchange
     (:func:`_count_rows`); under Megatron-LM at etp > 1 the etp all-gather and reduce-scatter
     (:func:`_etp_rows`). With ep 1 only those of Megatron-LM at etp > 1 (its count exchange and etp
@@ -58,7 +60,8 @@ def ep_rows(add, c: StageContext) -> None:
     moe = sum(m.is_moe_layer(i) for i in c.layers)
     if not moe:
         return
-    replayed = sum(m.is_moe_layer(i) and (c.layer_recomputed(k) or moe_replayed(t, True))  # full, or Megatron's moe
+    # full, Megatron's moe, or an op-level SAC policy that does not save the all-to-alls (238fa99's Qwen3)
+    replayed = sum(m.is_moe_layer(i) and (c.layer_recomputed(k) or moe_replayed(t, True) or op_replays_ep(m, t))
                    for k, i in enumerate(c.layers))
     tokens, gathered = routed_tokens(t.micro_batch * c.seq_local, mesh.degree("tp"), mesh.etp, t.framework)
     ro = RoutingOptions.of(t)

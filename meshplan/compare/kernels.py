@@ -35,7 +35,7 @@ from meshplan.units import MS
 #: fields) and what each is, in words.
 CHOICES: dict[str, str] = {
     "attention_kernels": "attention kernel",
-    "fused_qkv": "Q, K and V projected by one GEMM (Megatron-LM)",
+    "fused_qkv": "Q, K and V projected by one GEMM (Megatron-LM; torchtitan b5bcd76's wqkv)",
     "fp32_wgrad_accumulation": "weight gradients accumulated into fp32 inside the GEMM (Megatron-LM's "
                                "gradient_accumulation_fusion)",
     "megatron_ops": "Megatron-LM's own kernels around the GEMMs",

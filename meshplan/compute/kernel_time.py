@@ -120,7 +120,9 @@ def wgrad_accumulate_s(gpu: GPUSpec, wgrad: Gemm, dtype: str, gemm_s: float) -> 
 def qkv_fused_ops(gpu: GPUSpec, gemms: list[Gemm], w: Workload, table, scales: dict) -> list[Op]:
     """The Q, K and V projections as one column-parallel GEMM of width ``(q + 2 kv) d / tp``
     (Megatron-LM's GPT ``ParallelAttention.query_key_value``, one ``ColumnParallelLinear``:
-    ``megatron/model/transformer.py``), its forward, data-gradient and weight-gradient GEMMs
+    ``megatron/model/transformer.py``; torchtitan b5bcd76's ``FusedQKVLinear``, one ``wqkv``
+    ColwiseParallel Linear, ``models/common/attention.py`` 722-810, its one ``self.wqkv(x)`` at line
+    771), its forward, data-gradient and weight-gradient GEMMs
     timed once; each pass's time is shared among the wq, wk, wv ops by their widths (the ops
     keep their names for the timeline's CP split and the column-parallel input gradients).
     ``gemms``: the wq, wk, wv Gemms (same M and K); ``scales``: model-FLOP scale by name."""

@@ -84,7 +84,8 @@ class Workload:
     features; ``sp``: sequence parallel; ``dtype`` of activations and of every GEMM but the
     float8 Linears': the GEMMs of the weights named in ``float8_gemms`` run in ``linear_dtype``
     (:meth:`gemm_dtype`; :func:`float8_gemms` of a training contract).
-    ``fused_qkv``: Q, K and V projected by one GEMM (:func:`~meshplan.compute.kernel_time.qkv_fused_ops`);
+    ``fused_qkv``: Q, K and V projected by one GEMM (:func:`~meshplan.compute.kernel_time.qkv_fused_ops`;
+    Megatron-LM's, or torchtitan b5bcd76's ``wqkv``: :attr:`~meshplan.spec.training_knobs.TrainingKnobs.fuses_qkv`);
     ``fp32_wgrad_accumulation``: weight-gradient GEMMs accumulate into fp32 main gradients
     (:func:`~meshplan.compute.kernel_time.gemm_ops`); ``megatron_ops``: Megatron-LM's (2022, NVIDIA/Megatron-LM 2755bcb) own
     kernels around the GEMMs (:mod:`meshplan.compute.megatron`); ``attention_kernels``: the
@@ -131,7 +132,11 @@ class Workload:
     dropout mask there (:func:`meshplan.compute.recompute.no_grad_forward`; not under a DeepSpeed
     engine, pipeline or ZeRO (:func:`meshplan.spec.wording.zero_runtime`), whose Megatron-DeepSpeed
     calls it under ``torch.enable_grad()``: bigscience-workshop/Megatron-DeepSpeed 06dc2d7
-    ``megatron/model/transformer.py`` ``ParallelTransformerLayer.forward``; nor Core, not read)."""
+    ``megatron/model/transformer.py`` ``ParallelTransformerLayer.forward``; nor Core, not read);
+    ``op_replays_ep``: an MoE layer's op-level SAC replay
+    issues the EP dispatch and combine again (their outputs not in the policy's save list: torchtitan
+    238fa99's Qwen3, :func:`meshplan.compute.recompute.op_sac_saves_all_to_all`, set by
+    :func:`meshplan.schedule.workload.workload_of`, which knows the model)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -173,6 +178,7 @@ class Workload:
     op_sac_policy: str = "238fa99"
     shared_beside_combine: bool = False
     no_grad_bda: bool = False
+    op_replays_ep: bool = False
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -297,7 +303,10 @@ def framework_kernels(training) -> dict:
     :class:`~meshplan.spec.training.TrainingSpec`): Megatron-LM projects Q, K and V with one
     GEMM (``fused_qkv``) and, with fp32 gradients, accumulates weight gradients into them
     inside the GEMM (``fp32_wgrad_accumulation``: its ``gradient_accumulation_fusion``, on by
-    default); torch does neither. Megatron-LM also runs its own kernels around the GEMMs
+    default); torch does neither, but torchtitan b5bcd76's llama3 and qwen3 flavors project Q, K and V
+    with one ``wqkv`` Linear (``fused_qkv``: :attr:`~meshplan.spec.training_knobs.TrainingKnobs.fuses_qkv`,
+    the revision ``training.op_sac_policy`` names; MLA has no wk or wv to fuse:
+    :func:`~meshplan.compute.shapes.fused_qkv_parts`). Megatron-LM also runs its own kernels around the GEMMs
     (``megatron_ops``, :mod:`meshplan.compute.megatron`). The fused attention is the
     framework's too (``attention_kernels``, :data:`SDPA_KERNELS`): torch runs
     ``F.scaled_dot_product_attention`` (measured as such where the catalog has "SDPA" rows), whose
@@ -336,7 +345,7 @@ def framework_kernels(training) -> dict:
     # the weight-gradient GEMMs write the bf16 .grad, which BF16_Optimizer accumulates in fp32 after the
     # backward (compute.deepspeed_pipe)
     fp32_wgrad = megatron and training.grad_dtype == "fp32" and training.pp_engine != "deepspeed"
-    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": fp32_wgrad,
+    return {"fused_qkv": training.fuses_qkv, "fp32_wgrad_accumulation": fp32_wgrad,
             "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
             "torch_eager": not megatron and not training.torch_compile,
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",

@@ -17,7 +17,7 @@ from meshplan.compute.ops import Cost, Op, Workload
 from meshplan.compute.shapes import Gemm
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.training_fields import OpSacPolicy
+from meshplan.spec.training_fields import FUSED_QKV_REVISIONS, OpSacPolicy
 
 
 def replay(o: Op) -> Op:
@@ -56,6 +56,19 @@ def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
     TP's partial sum after it and the copy go too. Megatron-LM's ``CheckpointFunction`` re-runs the
     whole layer: nothing is left out. The timeline leaves the replayed MLP's closing collective
     out likewise (:func:`meshplan.schedule.layer_timeline.replay_scatters`).
+
+    Known divergence (tt50, not yet changed): torchtitan does not run torch's default early stop. It
+    wraps each block with ``ptd_checkpoint_wrapper(..., early_stop=False)`` since 25413d2 (#1580):
+    238fa99 ``config/job_config.py`` 675 ``early_stop: bool = False``, passed at
+    ``distributed/activation_checkpoint.py`` 45, 135, 154; b5bcd76 ``activation_checkpoint.py`` 180
+    and 285 pass False outright; torch 2.13 ``utils/checkpoint.py`` 1128-1131 stop early only when
+    it is set. So torchtitan's eager replay re-runs the whole block, the scatter's layout copy and the
+    MLP's closing reduce-scatter (or all-reduce) too. meshplan's own runtime
+    (``runtime/execution/model.py`` 204, ``pipelined_stage.py`` 82) calls ``checkpoint`` with the default
+    (early stop on), which tests/test_mla_tp.py checks the table against, so the two move together.
+    Measured on tt50's branch (reverted there): Llama-3-70B dp_shard 4 x tp 8 eager full AC on 4
+    dgx-h100 2963.4 -> 3057.2 ms; the compare test's 70B at 128k 162.3 -> 163.2 s (80 x 16 x 0.66 ms
+    replayed reduce-scatters).
 
     >>> full_ac_not_replayed(Workload(seq_len=8, megatron_ops=True))
     ()
@@ -178,7 +191,38 @@ def op_sac_fuses_qkv(policy: str, mla: bool) -> bool:
     >>> op_sac_fuses_qkv("b5bcd76", False), op_sac_fuses_qkv("b5bcd76", True), op_sac_fuses_qkv("238fa99", False)
     (True, False, False)
     """
-    return policy == "b5bcd76" and not mla
+    return policy in FUSED_QKV_REVISIONS and not mla
+
+
+def op_sac_saves_all_to_all(policy: str, mla: bool, shared: bool) -> bool:
+    """Whether torchtitan's op-level SAC policy ``policy`` (:data:`OP_SAC_POLICIES`) saves the MoE
+    dispatch's and combine's ``all_to_all_single`` outputs (so its recompute issues no EP all-to-all)
+    for an MoE model with multi-head latent attention (``mla``) or shared experts (``shared``).
+    238fa99's save lists are per model: ``models/deepseek_v3/infra/parallelize.py`` 33-48 (MLA; line 41
+    ``_c10d_functional.all_to_all_single``) and ``models/llama4/infra/parallelize.py`` 51-66 (shared
+    experts: ``MoEArgs.num_shared_experts`` 1, ``models/moe/moe.py`` 24; line 59) save it;
+    ``models/qwen3/infra/parallelize.py`` 39-54 does not (Qwen3's MoE flavours have no shared expert,
+    ``models/qwen3/__init__.py`` 137, 160, 183), so the dispatch and combine are replayed in the
+    recompute. meshplan takes an MoE model without MLA or shared experts as Qwen3's (gpt_oss, whose
+    list saves it, has attention sinks meshplan does not model). b5bcd76: one list for every model
+    (``distributed/activation_checkpoint.py`` ``_get_default_save_ops`` 31-94, ``all_to_all_single``
+    among them): saved.
+
+    >>> [op_sac_saves_all_to_all(p, m, s) for p, m, s in (("238fa99", False, False), ("238fa99", True, False),
+    ...                                                   ("238fa99", False, True), ("b5bcd76", False, False))]
+    [False, True, True, True]
+    """
+    return policy != "238fa99" or mla or shared
+
+
+def op_replays_ep(model: ModelSpec, training) -> bool:
+    """Whether an MoE layer's op-level SAC replay (``training.recompute = "op"``) issues the EP
+    all-to-alls again: :func:`op_sac_saves_all_to_all` false for ``model`` and the training's
+    ``op_sac_policy``. The one rule of the timeline (``Workload.op_replays_ep``), the collective
+    table (:func:`meshplan.comm.ep_rows.ep_rows`), the kept activations
+    (:mod:`meshplan.memory.workingset`) and the search's bound (:mod:`meshplan.search.layer_bounds`)."""
+    return training.recompute == "op" and model.is_moe and not op_sac_saves_all_to_all(
+        training.op_sac_policy, model.is_mla, bool(model.shared_experts))
 
 
 def layer_mms(model: ModelSpec, moe: bool, policy: str = "238fa99") -> tuple[str, ...]:

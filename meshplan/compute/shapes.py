@@ -186,9 +186,10 @@ def fused_qkv_words(model: ModelSpec, tp: int, framework: str) -> str:
 
 
 def fused_qkv_parts(gemms: list[Gemm], fused_qkv: bool) -> list[Gemm]:
-    """The wq, wk, wv GEMMs of ``gemms`` that run as one fused ``linear_qkv`` GEMM (``fused_qkv``:
-    the workload's, framework megatron), in that order; [] when they are not fused (torch, or MLA,
-    which has no wk or wv)."""
+    """The wq, wk, wv GEMMs of ``gemms`` that run as one fused GEMM (``fused_qkv``: the workload's,
+    Megatron-LM's ``linear_qkv`` or torchtitan b5bcd76's ``wqkv``:
+    :attr:`~meshplan.spec.training_knobs.TrainingKnobs.fuses_qkv`), in that order; [] when they are not
+    fused (torch at 238fa99, or MLA, which has no wk or wv)."""
     qkv = [g for g in gemms if g.name in ("wq", "wk", "wv")] if fused_qkv else []
     return qkv if len(qkv) == 3 else []
 

@@ -70,6 +70,7 @@ from math import ceil
 from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import fp8_tp_gathers
 from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
+from meshplan.compute.recompute import op_replays_ep
 from meshplan.compute.shapes import layer_gemms
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.resolve import Mesh
@@ -128,7 +129,8 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     h = model.hidden
     dims = dense_dims(model, training, opts.dropout)
     routed_full, widest, routed_fwd, exchanged = routed_sizes(model, training, mesh, tok, tp, fused) if moe else (0,) * 4
-    routed = {"full": 0, "op": exchanged}.get(training.recompute, routed_full)
+    # op-level SAC keeps the all-to-alls' outputs where its policy saves them (none kept: 238fa99's Qwen3)
+    routed = {"full": 0, "op": 0 if op_replays_ep(model, training) else exchanged}.get(training.recompute, routed_full)
     if moe and training.recompute == "selective":
         routed = routed_kept(model, training, mesh, tok, tp, fused, lo["parts"]) if lo["parts"] & {"moe", "moe_act"} \
             else routed

@@ -209,8 +209,8 @@ def narrowed_lines(o) -> list[str]:
     []
     """
     default = type(o)()
-    given = [(k, getattr(o, k)) for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "vpp")
-             if getattr(o, k) is not None]
+    given = [(k, getattr(o, k)) for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "vpp",
+                                          "zero_hpz_partition_size") if getattr(o, k) is not None]
     given += [(k, getattr(o, k)) for k in ("micro_batch", "recompute", "sharding")
               if getattr(o, k) != getattr(default, k)]
     given += [(k, [str(x).lower() for x in getattr(o, k)]) for k in ("reshard_after_forward", "tp_comm_overlap",

@@ -293,8 +293,9 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
     amax_wait(s, c, "mlp", "forward")
-    # op-level AC's replay issues no ep all-to-all: the policy saved their outputs (routed_sizes.routed_sizes)
-    ep = moe and (phase == "forward" or s.w.recompute != "op")
+    # op-level AC's replay issues no ep all-to-all where the policy saved their outputs (routed_sizes.routed_sizes),
+    # again where it did not (238fa99's Qwen3: Workload.op_replays_ep)
+    ep = moe and (phase == "forward" or s.w.recompute != "op" or s.w.op_replays_ep)
     shared = s.of(shared_forward_s, c, phase, recompute) if ep and s.w.shared_beside_combine else 0.0
     _block(s, "mlp", t["mlp"], "forward", ep=ep, fused=f.get("mlp"), tp_ops=_mlp_tp(s.w, moe, phase, scatter_mlp),
            shared=shared)

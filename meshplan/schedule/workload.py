@@ -19,7 +19,7 @@ from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.megatron_core import embedding_reduce_scatter
 from meshplan.compute.megatron_cost import megatron_batch_cost
 from meshplan.compute.ops import Cost, Op, Workload, float8_gemms, framework_kernels
-from meshplan.compute.recompute import layer_workload
+from meshplan.compute.recompute import layer_workload, op_replays_ep
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import Gemm, local_split, step_gemms
 from meshplan.mesh.layers import last_stage
@@ -53,7 +53,9 @@ def workload_of(plan, dropout: bool = False) -> Workload:
                     dtensor_host_source=dtensor_host_source(plan.config), moe_tp_ops=moe_tp_ops(plan),
                     embed_reduce_scatter=embedding_reduce_scatter(
                         t.megatron_core, mesh.sequence_parallel and split[Dim.HEADS] > 1,
-                        plan.config.model.position_embedding == "learned"))
+                        plan.config.model.position_embedding == "learned"),
+                    op_replays_ep=op_replays_ep(plan.config.model, t))
+
 
 
 def plan_step_gemms(plan) -> list[Gemm]:

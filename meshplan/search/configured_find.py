@@ -99,7 +99,8 @@ def _absent(word: str, key: str, value: int, searched) -> str:
     name = {"rc": RECOMPUTE, "sh": SHARDING, "ps": PIPELINE}.get(key)
     show = (lambda v: name[v] if 0 <= v < len(name) else "?") if name else str
     table = {"mb": "micro_batch", "rc": "recompute", "sh": "sharding", "vpp": "vpp"}.get(key, word)
-    widen = "hpZ is searched where the data axis is the world" if key == "hz" else f"widen [search] {table}"  # space.hpz_applies
+    widen = ("hpZ is searched where the data axis is the world, at [search] zero_hpz_partition_size's g where given"
+             if key == "hz" else f"widen [search] {table}")  # space.hpz_applies, hpz_values
     return (f"{word} {show(int(value))} is not searched (searched with the rest of the mesh: "
             f"{'/'.join(show(int(v)) for v in searched)}; {widen})")
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from meshplan.compute.ops import framework_kernels
+from meshplan.compute.recompute import op_replays_ep
 from meshplan.config import Config
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS
 from meshplan.schedule import workload  # its dtensor_host_s through the module: one home, one override
@@ -41,7 +42,7 @@ def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str
 
 
 def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarray = False,
-           shared_beside: bool = False) -> tuple[np.ndarray, np.ndarray]:
+           shared_beside: bool = False, op_ep: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) chain of one layer, seconds (module docstring). ``serial`` (per
     candidate): a block's input-gradient TP collective is issued after its weight gradients and
     the next block waits for it (layer_timeline._block_backward without ``Overlap.tp`` or
@@ -51,7 +52,8 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     :func:`~meshplan.search.comm_bounds.comm_times`: as the rank timeline issues them). ``shared_beside``: the
     shared experts run beside the forward's EP combine (torchtitan's DeepEPMoE,
     :func:`meshplan.comm.deepep.shared_forward_s`): the block lasts ``(mlp - shared) + max(shared,
-    combine)``, at least ``max(mlp, combine)``, which stands for ``mlp + combine``."""
+    combine)``, at least ``max(mlp, combine)``, which stands for ``mlp + combine``. ``op_ep``: an op-level
+    SAC replay issues the EP all-to-alls again (:func:`meshplan.compute.recompute.op_replays_ep`)."""
     pre, post = cm["tp_ag"], np.maximum(cm["tp_sp"], cm["tp_ar"])
     pre_mlp, post_mlp_tp = (pre * cm["moe_mlp_tp"], post * cm["moe_mlp_tp"]) if moe else (pre, post)
     # the EP calls before the expert GEMMs (dispatch, etp all-gather) and after them (etp
@@ -118,7 +120,8 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # op-level AC's replay issues neither block's closing TP collective nor the EP all-to-alls
     # (their outputs saved: layer_timeline.replay_scatters, forward_layer), only the TP all-gathers
     op = c.rc == RECOMPUTE.index("op")
-    replay = np.where(op, forward("br", 0.0, 0.0, 0.0, 0.0), forward("br", np.where(serial, 0.0, post_mlp_tp)))
+    op_replay = forward("br", 0.0, 0.0, e, e_out) if op_ep else forward("br", 0.0, 0.0, 0.0, 0.0)
+    replay = np.where(op, op_replay, forward("br", np.where(serial, 0.0, post_mlp_tp)))
     return forward("f"), back + np.where(full, replay, 0.0)
 
 
@@ -135,8 +138,10 @@ def stage_chains(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dic
         return col(fd), col(bd)
     om = layer_ops(cfg, tt, c, True)
     shared = framework_kernels(cfg.training)["shared_beside_combine"]  # the timeline's one rule
-    fm, bm = chains(c, om, cm, True, serial, shared)
-    f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c)), "ep_out": np.zeros(len(c))}, True, serial, shared)
+    # the timeline's rule at recompute op (the rows' own recompute is c.rc; op_replays_ep reads the policy)
+    op_ep = op_replays_ep(cfg.model, cfg.training.model_copy(update={"recompute": "op"}))
+    fm, bm = chains(c, om, cm, True, serial, shared, op_ep)
+    f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c)), "ep_out": np.zeros(len(c))}, True, serial, shared, op_ep)
     # a stage's collective table may be stage 0's (step_time's older convention for the
     # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
     ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)

@@ -258,10 +258,11 @@ def enumerate_candidates(cfg: Config) -> Candidates:
 
 
 def hpz_values(cfg: Config) -> list[int]:
-    """The hpZ g the search tries (:func:`hpz_applies`): the config's ``zero_hpz_partition_size``
-    first (the enumeration's order breaks ties), then the node's GPU count (g the GPUs of one node,
-    the paper's and DeepSpeed's tutorial's setting: the secondary group on NVLink), then 1 (no
-    secondary partition).
+    """The hpZ g the search tries (:func:`hpz_applies`): ``[search] zero_hpz_partition_size`` where
+    given (in its order, once each: ``[1]`` holds hpZ off), else the config's
+    ``zero_hpz_partition_size`` first (the enumeration's order breaks ties), then the node's GPU count
+    (g the GPUs of one node, the paper's and DeepSpeed's tutorial's setting: the secondary group on
+    NVLink), then 1 (no secondary partition).
 
     >>> from meshplan.config import config_from_dict
     >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
@@ -269,8 +270,13 @@ def hpz_values(cfg: Config) -> list[int]:
     ...     require_mesh=False)
     >>> hpz_values(cfg)
     [1, 8]
+    >>> from dataclasses import replace
+    >>> from meshplan.spec.search import SearchOptions
+    >>> hpz_values(replace(cfg, search=SearchOptions(zero_hpz_partition_size=[8, 8])))
+    [8]
     """
-    return list(dict.fromkeys([cfg.training.zero_hpz_partition_size, cfg.cluster.node.gpus, 1]))
+    held = cfg.search.zero_hpz_partition_size
+    return list(dict.fromkeys(held if held else [cfg.training.zero_hpz_partition_size, cfg.cluster.node.gpus, 1]))
 
 
 def hpz_applies(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -279,7 +285,8 @@ def hpz_applies(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray:
     engine and FSDP2 have no ZeRO++), the data axis the whole world (DeepSpeed builds the secondary
     groups from consecutive world ranks: :func:`meshplan.plan_checks.check_zeropp`) and spanning
     more than one node: on one node hpZ's group of the node's GPUs is the primary group, so it only
-    adds the secondary partition and its copy (varied there too where the config sets hpZ). Every g of :func:`hpz_values` must divide the data
+    adds the secondary partition and its copy (varied there too where the config or ``[search]
+    zero_hpz_partition_size`` sets hpZ). Every g of :func:`hpz_values` must divide the data
     axis (``_ensure_divisibility``)."""
     if cfg.training.searched_zero3_engine != "deepspeed":
         return np.zeros(cols["sh"].shape, dtype=bool)
@@ -288,7 +295,8 @@ def hpz_applies(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray:
     divides = np.ones(fsdp.shape, dtype=bool)
     for g in hpz_values(cfg):
         divides &= fsdp % g == 0
-    wide = (fsdp > node) | (cfg.training.zero_hpz_partition_size > 1)  # the config's own g on one node too
+    # the config's own g, or a g [search] holds, on one node too
+    wide = (fsdp > node) | (max([cfg.training.zero_hpz_partition_size] + (cfg.search.zero_hpz_partition_size or [])) > 1)
     return (cols["sh"] == SHARDING.index("zero3")) & whole & wide & divides
 
 

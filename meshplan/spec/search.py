@@ -125,6 +125,11 @@ class SearchOptions(BaseModel):
       > 1 where (layers + 2) / (pp x vpp) is whole and >= 1, the only interleaved split when pp
       does not divide the layers); default
       both values of each.
+    - ``zero_hpz_partition_size``: allowed DeepSpeed ZeRO++ hpZ group sizes g on the rows the search
+      varies hpZ on (:func:`meshplan.search.space.hpz_applies`: zero3 under DeepSpeed's ZeRO-3, the data
+      axis the world over more than one node, or hpZ set in the config or here); default the config's
+      ``training.zero_hpz_partition_size``, the node's GPU count and 1; ``[1]`` holds hpZ off, ``[8]``
+      holds g 8 (each g must divide the data axis, as DeepSpeed's ``_ensure_divisibility``).
     - ``pp_schedules``: pipeline schedules of candidates with pp > 1 (default ``["1f1b"]``:
       1F1B with vpp 1, interleaved 1F1B with vpp > 1); ``zbv`` and ``dualpipev`` add the
       V-shaped schedules (torch ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``) on
@@ -204,6 +209,7 @@ class SearchOptions(BaseModel):
     reshard_after_forward: Optional[list[bool]] = None
     tp_comm_overlap: Optional[list[bool]] = None
     uneven_stages: Optional[list[bool]] = None
+    zero_hpz_partition_size: Optional[list[int]] = None
     pp_schedules: list[SearchedSchedule] = Field(default_factory=lambda: list[SearchedSchedule](["1f1b"]))
     max_tp: Optional[int] = Field(default=None, gt=0, le=BOUNDS["world"].value)
     top: int = Field(default=10, gt=0, le=BOUNDS["top"].value)
@@ -245,7 +251,8 @@ class SearchOptions(BaseModel):
         return (f"goodput (Daly, printed, not ranked): {same + '; ' if same else ''}{words}"
                 + ("" if unset else " ([search] fields)"))
 
-    @field_validator("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "micro_batch", "vpp")
+    @field_validator("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "micro_batch", "vpp",
+                     "zero_hpz_partition_size")
     @classmethod
     def _positive(cls, v):
         if v is not None:

@@ -23,6 +23,20 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 #: torchtitan's op-level SAC policies meshplan models, by the commit each follows
 #: (:func:`meshplan.compute.recompute.op_sac_fuses_qkv`); ``training.op_sac_policy``'s values.
 OpSacPolicy = Literal["238fa99", "b5bcd76"]
+#: The revisions of :data:`OpSacPolicy` whose llama3 and qwen3 flavors project Q, K and V with one
+#: ``wqkv`` Linear (pytorch/torchtitan b5bcd76 ``models/llama3/__init__.py`` line 77 and
+#: ``models/qwen3/__init__.py`` 99, 144: ``fuse_qkv: bool = True``; ``models/common/attention.py``
+#: ``FusedQKVLinear`` 722-810, one ``self.wqkv(x)`` at 771) and whose decoder refuses context
+#: parallelism without flex attention (``models/common/decoder.py`` 173-183): properties of the model
+#: code at that revision, which ``training.op_sac_policy`` names
+#: (:attr:`meshplan.spec.training_knobs.TrainingKnobs.torchtitan_revision`).
+FUSED_QKV_REVISIONS = ("b5bcd76",)
+#: The revisions of :data:`OpSacPolicy` whose decoder runs context parallelism only under flex attention:
+#: b5bcd76 ``models/common/decoder.py`` 173-183 raise NotImplementedError at ``context_parallel_degree > 1``
+#: where any block's attention is ``ScaledDotProductAttention`` or ``VarlenAttention`` (238fa99 and v0.2.2
+#: the reverse: SDPA only). meshplan plans torch's CP as the SDPA ring, so cp > 1 is refused there (rule
+#: ``torch_cp_flex``, :func:`meshplan.spec.axes.cp.torch_cp_flex_reason`).
+CP_FLEX_REVISIONS = ("b5bcd76",)
 
 
 def deepspeed_grad_dtype(stage: int, model: str, accum: Optional[str] = None) -> str:
@@ -104,7 +118,7 @@ class TrainingFields(BaseModel):
     reshard_head_after_forward: bool = False
     recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
     recompute_modules: tuple[str, ...] = ("core_attn",)  # recompute "selective": meshplan.spec.recompute_modules
-    op_sac_policy: OpSacPolicy = "238fa99"  # recompute "op": compute.recompute.op_sac_fuses_qkv
+    op_sac_policy: OpSacPolicy = "238fa99"  # torchtitan's revision: TrainingKnobs.torchtitan_revision
     ac_freq: int = Field(default=1, ge=1)
     recompute_num_layers: Optional[int] = Field(default=None, ge=1)  # Megatron-LM --recompute-method block
     flash_attention: bool = True

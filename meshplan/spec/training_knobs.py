@@ -8,7 +8,7 @@ Split from :mod:`meshplan.spec.training_engines` (review rv48: past the project'
 from __future__ import annotations
 
 from meshplan.spec.training_engines import TrainingEngines
-from meshplan.spec.training_fields import DEEPSPEED_ZERO3
+from meshplan.spec.training_fields import DEEPSPEED_ZERO3, FUSED_QKV_REVISIONS
 
 
 # The [training] fields that are design choices of the plan (how the step runs), which
@@ -49,6 +49,33 @@ _FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather", "fp8_par
 class TrainingKnobs(TrainingEngines):
     """The plan knobs of a training as they act (module docstring)."""
 
+    @property
+    def torchtitan_revision(self) -> str:
+        """The torchtitan commit whose model code ``framework = "torch"`` plans: ``op_sac_policy``'s
+        (:data:`meshplan.spec.training_fields.OpSacPolicy`; its op-level SAC under ``recompute =
+        "op"``, its model code at every recompute), "" under another framework.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).torchtitan_revision for kw in (
+        ...  {}, {"op_sac_policy": "b5bcd76"}, {"op_sac_policy": "b5bcd76", "framework": "megatron"})]
+        ['238fa99', 'b5bcd76', '']
+        """
+        return self.op_sac_policy if self.framework == "torch" else ""
+
+    @property
+    def fuses_qkv(self) -> bool:
+        """Whether a layer without MLA projects Q, K and V with one GEMM: Megatron-LM's
+        ``linear_qkv`` (framework megatron), or torchtitan's ``wqkv`` at a revision of
+        :data:`~meshplan.spec.training_fields.FUSED_QKV_REVISIONS` (:attr:`torchtitan_revision`);
+        the GEMM is :func:`meshplan.compute.kernel_time.qkv_fused_ops`'.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).fuses_qkv for kw in (
+        ...  {}, {"op_sac_policy": "b5bcd76"}, {"framework": "megatron"})]
+        [False, True, True]
+        """
+        return self.framework == "megatron" or self.torchtitan_revision in FUSED_QKV_REVISIONS
+
     def knob_acts(self, knob: str) -> tuple[bool, object]:
         """(whether plan knob ``knob``, a :data:`PLAN_KNOBS` field, applies to this training's
         sharding and engine, its value as it acts): ``zero3_engine`` at sharding zero3 only,
@@ -61,7 +88,8 @@ class TrainingKnobs(TrainingEngines):
         ``"2022"``), ``dataloader_attention_mask`` under that ``"core"`` generation as
         :attr:`core_attention_mask` (unset: true), ``recompute_modules`` under Megatron-LM's
         ``selective`` only (what it reads them under, :func:`meshplan.spec.recompute_modules.config_notes`),
-        ``op_sac_policy`` under ``recompute = "op"`` only; every other knob applies, as given. ``meshplan compare`` lists
+        ``op_sac_policy`` under ``recompute = "op"`` or framework torch (the revision's model code:
+        :attr:`torchtitan_revision`); every other knob applies, as given. ``meshplan compare`` lists
         a knob only where it applies to both sides, by the value it acts with
         (:func:`meshplan.compare.differences.config_differences`).
 
@@ -109,6 +137,6 @@ class TrainingKnobs(TrainingEngines):
             return self.megatron_core, self.core_attention_mask if self.megatron_core else value
         if knob == "recompute_modules":
             return self.framework == "megatron" and self.recompute == "selective", value
-        if knob == "op_sac_policy":  # torchtitan's op-level SAC only (compute.recompute.op_sac_fuses_qkv)
-            return self.recompute == "op", value
+        if knob == "op_sac_policy":  # torchtitan's op-level SAC, and its model code under torch (torchtitan_revision)
+            return self.recompute == "op" or self.framework == "torch", value
         return True, value

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn
 from meshplan.spec.axes.tp import local_heads
+from meshplan.spec.training_fields import CP_FLEX_REVISIONS
 from meshplan.units import dtype_bytes
 
 
@@ -53,6 +54,27 @@ def megatron_cp_attention_reason(cp: int) -> str:
 
 def _te_backend(m, t, d):
     return ((megatron_cp_attention_reason(d.cp),) if _te_backend_bad(m, t, d) else ()), ()
+
+
+def _flex_bad(m, t, d):
+    """torchtitan at a revision of :data:`~meshplan.spec.training_fields.CP_FLEX_REVISIONS` (named by
+    ``training.op_sac_policy`` under framework torch) runs CP only under flex attention; meshplan plans
+    torch's CP as the SDPA ring (:func:`torch_cp_flex_reason`)."""
+    return (d.cp > 1) & (t.framework == "torch") & (t.op_sac_policy in CP_FLEX_REVISIONS)
+
+
+def torch_cp_flex_reason(cp: int, revision: str) -> str:
+    """The reason (with its fix) of rule ``torch_cp_flex`` (:func:`_flex_bad`), in torchtitan's words
+    (pytorch/torchtitan b5bcd76 ``models/common/decoder.py`` 173-183, ``Decoder.Config.update_from_config``)."""
+    return (f"framework torch at torchtitan {revision} (training.op_sac_policy): cp {cp} needs flex attention, which "
+            "meshplan does not plan (its torch CP is the SDPA ring): \"Context Parallel is not supported with "
+            "ScaledDotProductAttention or VarlenAttention. Use FlexAttention or disable CP.\" (models/common/"
+            f"decoder.py:173-183 at {revision}); fix: cp 1, or training.op_sac_policy = \"238fa99\" (torchtitan "
+            "<= v0.2.2, whose CP runs SDPA)")
+
+
+def _flex(m, t, d):
+    return ((torch_cp_flex_reason(d.cp, t.op_sac_policy),) if _flex_bad(m, t, d) else ()), ()
 
 
 def kv_elements(model, micro_batch, seq_len, heads):
@@ -256,7 +278,9 @@ CP = AxisDef(
     torchtitan=("cp",), megatron=("cp",),
     rules=(Rule("seq_cp", 70, "seq_len not divisible by 2 * cp", _seq_bad, _seq),
            Rule("megatron_cp_attention", 72, "framework megatron: cp > 1 without flash or fused attention",
-                _te_backend_bad, _te_backend)),
+                _te_backend_bad, _te_backend),
+           Rule("torch_cp_flex", 73, "framework torch at torchtitan b5bcd76: cp > 1 without flex attention",
+                _flex_bad, _flex)),
     divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
     collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence (p2p ring: none)"),

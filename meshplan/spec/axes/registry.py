@@ -12,7 +12,8 @@ placement weights (:func:`placement_weights`), the foreign vocabularies.
 ['pp', 'dp_replicate', 'dp', 'dp_shard', 'cp', 'tp', 'ep', 'etp']
 >>> [r.key for r in rules()]  # doctest: +NORMALIZE_WHITESPACE
 ['expert_block', 'heads', 'torch_kv_heads', 'ffn', 'vocab', 'expert_ffn', 'layers', 'experts', 'expert_dim1',
- 'megatron_moe_sp', 'torch_etp', 'seq_cp', 'megatron_cp_attention', 'seq_tp', 'batch']
+ 'megatron_moe_sp', 'torch_etp', 'seq_cp', 'megatron_cp_attention', 'torch_cp_flex',
+ 'seq_tp', 'batch']
 >>> [c.column for _, c in search_axes()]
 ['pp', 'dpr', 'dps', 'cp', 'tp', 'ep', 'etp']
 """
