@@ -55,7 +55,8 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
 parallelism.expert_parallel_comm_backend       training.moe_dispatcher "deepep" (standard: alltoall;
-                                                 :mod:`~meshplan.interop.torchtitan_ep`)
+                                                 deepseek_v3 and llama4 only, ignored with a note
+                                                 for qwen3: :mod:`~meshplan.interop.torchtitan_ep`)
 compile.enable (+ components model, loss)      training.torch_compile (default off: eager);
                                                  components ["model"]: torch_compile_loss false;
                                                  memory.cross_entropy "torch" (the eager loss's
@@ -338,7 +339,8 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)
-    tables["training"] |= read_backend(par, model_is_moe(model), notes)
+    family = str(d.get("model", {}).get("name", "llama3"))  # torchtitan's default model.name
+    tables["training"] |= read_backend(par, model_is_moe(model), notes, family)
     checkpoint, saved = read_checkpoint(d)
     tables |= {"reliability": checkpoint} if checkpoint else {}
     unused = tuple(k for k in flatten(d) if k not in USED | used | saved)
