@@ -6,6 +6,12 @@ qwen3 parallelize (pytorch/torchtitan e347b1e ``torchtitan/models/qwen3/infra/pa
 ``apply_moe_ep_tp`` without ``use_deepep``: only deepseek_v3 (``models/deepseek_v3/infra/parallelize.py``:99-134)
 and llama4 (``models/llama4/infra/parallelize.py``:113-148) read the key. A qwen3 job now plans the standard
 all-to-all, with a note that the key is ignored for that family.
+
+#2 (high): DualPipeV + ep + activation checkpointing was planned though torchtitan raises NotImplementedError
+(e347b1e ``distributed/dual_pipe_v.py``:32-53, ``get_dual_pipe_v_flag``, when
+``pipeline_parallel_expert_parallel_overlap``, default true, ``config/job_config.py``:420): now an infeasible plan
+with that reason and the fix; the key is read (``training.pp_ep_overlap``), and where torchtitan overlaps the pairs
+(``distributed/pipeline_parallel.py``:216-219) the plan says its timing does not.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from pathlib import Path
 
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
+from meshplan.plan import Infeasible, build_plan
 
 DATA = Path(__file__).parent / "data" / "nc50"
 H200_64 = ImportOptions(cluster="dgx-h200", nodes=64)
@@ -34,3 +41,36 @@ def test_deepep_ignored_for_qwen3(tmp_path):
     cfg = load_any(tmp_path / "dsv3.toml", "torchtitan", H200_64)
     assert cfg.training.moe_dispatcher == "deepep"
     assert not [n for n in cfg.notes if "ignored" in n and "expert_parallel_comm_backend" in n]
+
+
+def test_dualpipev_ep_ac_infeasible(tmp_path):
+    """#2: the trial's ``dpv.toml`` (DualPipeV, pp 4, ep 16, AC selective "op", the overlap key unset: true) and
+    ``dpv_overlap.toml`` (the key written true) are infeasible with torchtitan's reason and both fixes; with
+    ``pipeline_parallel_expert_parallel_overlap = false`` torchtitan runs it (``get_dual_pipe_v_flag`` returns
+    False before the AC test: no such reason), and the key is read, not listed unused."""
+    for name in ("dpv.toml", "dpv_overlap.toml"):
+        cfg = load_any(DATA / name, "torchtitan", H200_64)
+        assert cfg.training.pp_ep_overlap is True
+        plan = build_plan(cfg, memory=False)
+        assert isinstance(plan, Infeasible)
+        why = [r for r in plan.reasons if "NotImplementedError" in r]
+        assert len(why) == 1 and "dual_pipe_v.py:32-53" in why[0]
+        assert 'activation_checkpoint.mode = "none"' in why[0] and "expert_parallel_overlap = false" in why[0]
+    text = (DATA / "dpv_overlap.toml").read_text().replace("expert_parallel_overlap = true",
+                                                          "expert_parallel_overlap = false")
+    (tmp_path / "off.toml").write_text(text)
+    cfg = load_any(tmp_path / "off.toml", "torchtitan", H200_64)
+    assert cfg.training.pp_ep_overlap is False
+    assert not any("pipeline_parallel_expert_parallel_overlap" in n and "not use" in n for n in cfg.notes)
+    plan = build_plan(cfg, memory=False)
+    assert not any("NotImplementedError" in r for r in getattr(plan, "reasons", ()))
+
+
+def test_dualpipev_pair_overlap_note(tmp_path):
+    """#2: AC off and the key true (torchtitan registers its OVERLAP_F_B callback, pipeline_parallel.py:216-219):
+    feasible as far as the rules go, with the note that the pairs' overlap is not in the timing."""
+    text = (DATA / "dpv.toml").read_text().replace('mode = "selective"', 'mode = "none"')
+    (tmp_path / "noac.toml").write_text(text.replace('selective_ac_option = "op"', ""))
+    plan = build_plan(load_any(tmp_path / "noac.toml", "torchtitan", H200_64), memory=False)
+    assert not isinstance(plan, Infeasible)
+    assert sum("OVERLAP_F_B" in n for n in plan.notes) == 1

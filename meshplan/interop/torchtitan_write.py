@@ -90,7 +90,8 @@ def write(cfg: Config) -> dict[str, dict]:
     par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items() if a != "etp" or etp_on}
     par |= {"fsdp_reshard_after_forward": reshard_policy(t, pp),
             "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
-            "enable_async_tensor_parallel": t.tp_comm_overlap} | write_backend(t.moe_dispatcher)
+            "enable_async_tensor_parallel": t.tp_comm_overlap} | write_backend(t.moe_dispatcher) | (
+        {} if t.pp_ep_overlap else {"pipeline_parallel_expert_parallel_overlap": False})
     if pp > 1:
         par |= {"pipeline_parallel_schedule": WRITTEN_SCHEDULES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,

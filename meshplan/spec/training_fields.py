@@ -133,6 +133,7 @@ class TrainingFields(BaseModel):
     pp_p2p_overlap: Optional[bool] = None
     pp_engine: Literal["framework", "deepspeed"] = "framework"
     pp_p2p_overlap_warmup_flush: bool = False
+    pp_ep_overlap: bool = True
     linear_dtype: Optional[Literal["fp8"]] = None
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     fp8_all_gather: bool = False
