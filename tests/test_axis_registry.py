@@ -80,8 +80,10 @@ MODELS = [SimpleNamespace(q_heads=q, n_kv_heads=kv, ffn=ffn, is_moe=moe, dense_l
                                                      (40, 10, 5000, True, 1, 1536, 6, 27, 5120),
                                                      (12, 12, 3072, False, 0, 0, 0, 12, 768)]]
 TRAINING = [SimpleNamespace(global_batch=gb, micro_batch=1, seq_len=s, sharding=sh, zero3_engine="fsdp2", framework=f,
-                            flash_attention=fa)
-            for gb, s, sh, f, fa in [(64, 4096, "zero3", "torch", True), (48, 1000, "zero1", "megatron", False)]]
+                            flash_attention=fa, torchtitan_v022=v)
+            for gb, s, sh, f, fa, v in [(64, 4096, "zero3", "torch", True, False), (48, 1000, "zero1", "megatron", False,
+                                                                                  False),
+                                        (64, 4096, "zero3", "torch", True, True)]]  # torchtitan <= v0.2.2: etp = tp
 
 
 @pytest.mark.parametrize("m", MODELS)
@@ -112,7 +114,7 @@ def test_a_rule_is_its_exact_reason():
     """A rule's exact text comes with its predicate: broken exactly where ``bad`` says,
     except for the exact-only reasons listed in :data:`EXACT_ONLY`."""
     t = SimpleNamespace(global_batch=64, micro_batch=2, seq_len=4096, vocab_pad_divisor=128, sharding="zero3",
-                        zero3_engine="fsdp2", framework="megatron", flash_attention=False)
+                        zero3_engine="fsdp2", framework="megatron", flash_attention=False, torchtitan_v022=False)
     for rule in (r for r in rules() if r.bad is not None and r.check is not None):
         for m in MODELS:
             m = SimpleNamespace(**vars(m), name="m", d_head=128, vocab=32000)

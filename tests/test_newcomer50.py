@@ -12,15 +12,26 @@ all-to-all, with a note that the key is ignored for that family.
 ``pipeline_parallel_expert_parallel_overlap``, default true, ``config/job_config.py``:420): now an infeasible plan
 with that reason and the fix; the key is read (``training.pp_ep_overlap``), and where torchtitan overlaps the pairs
 (``distributed/pipeline_parallel.py``:216-219) the plan says its timing does not.
+
+#3 (medium): etp = tp with ep > 1 was infeasible under torch (rule torch_etp, b5bcd76's), though every
+TOML-reading torchtitan (<= v0.2.2; e347b1e ``distributed/parallel_dims.py``:58-59) runs it: c4b409a removed it
+after 9810191 ended TOML job files. The import names the torchtitan it reads (``training.op_sac_policy =
+"238fa99"``, :attr:`TrainingSpec.torchtitan_v022`, the one home of "which torchtitan") and the rule and the
+search's etp values follow it; a meshplan TOML that names none, or "b5bcd76", is still refused.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
+from meshplan.errors import ConfigError
 from meshplan.plan import Infeasible, build_plan
+from meshplan.spec.axes.ep import etp_values
 
 DATA = Path(__file__).parent / "data" / "nc50"
 H200_64 = ImportOptions(cluster="dgx-h200", nodes=64)
@@ -74,3 +85,25 @@ def test_dualpipev_pair_overlap_note(tmp_path):
     plan = build_plan(load_any(tmp_path / "noac.toml", "torchtitan", H200_64), memory=False)
     assert not isinstance(plan, Infeasible)
     assert sum("OVERLAP_F_B" in n for n in plan.notes) == 1
+
+
+def test_etp_equals_tp_under_toml_torchtitan(tmp_path):
+    """#3: the trial's ``etp2tp4.toml`` (tp 4, ep 16, pp 4) with ``expert_tensor_parallel_degree = 4`` (= tp):
+    e347b1e ``ParallelDims._validate`` allows ETP = TP, so the import plans it (no torch_etp reason) and names the
+    revision; the same mesh in a meshplan TOML without the revision, or with "b5bcd76", has the reason
+    (c4b409a's torchtitan cannot run it). The search offers etp 1 and tp (4) with ep 8 only for v0.2.2."""
+    (tmp_path / "etp4.toml").write_text((DATA / "etp2tp4.toml").read_text().replace(
+        "expert_tensor_parallel_degree = 2", "expert_tensor_parallel_degree = 4"))
+    cfg = load_any(tmp_path / "etp4.toml", "torchtitan", H200_64)
+    assert cfg.training.op_sac_policy == "238fa99" and cfg.training.torchtitan_v022
+    plan = build_plan(cfg, memory=False)
+    assert not any("etp 4 with tp 4" in r for r in getattr(plan, "reasons", ()))
+    for policy in (None, "b5bcd76"):
+        t = cfg.training.model_copy(update={"op_sac_policy": policy})
+        plan = build_plan(replace(cfg, training=t), memory=False)
+        assert isinstance(plan, Infeasible) and any("etp 4 with tp 4 and ep 16" in r for r in plan.reasons)
+    assert etp_values("torch", {"tp": 4, "ep": 8}, v022=True) == [1, 4]
+    assert etp_values("torch", {"tp": 4, "ep": 8}) == [1]
+    # etp 2 with tp 4 (etp2tp4.toml as the trial wrote it): v0.2.2 refuses it too, a ConfigError
+    with pytest.raises(ConfigError, match="expert_tensor_parallel_degree = 1 or 4"):
+        load_any(DATA / "etp2tp4.toml", "torchtitan", H200_64)

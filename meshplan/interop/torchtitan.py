@@ -272,6 +272,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     if deg["pp"] > 1 and accum > 1:
         training["pp_schedule_runs"] = accum
     training |= read_recompute(d, deg, model_is_mla(model), notes)
+    training["op_sac_policy"] = "238fa99"  # a job TOML is torchtitan <= v0.2.2 (TrainingSpec.torchtitan_v022)
     training |= read_compile(d.get("compile", {}), notes)
     if training["tp_comm_overlap"] and not training["torch_compile"]:
         raise ConfigError("parallelism.enable_async_tensor_parallel", "torchtitan raises \"Async TP requires "

@@ -76,8 +76,9 @@ def write_backend(moe_dispatcher: str) -> dict:
 def read_etp(par: dict, deg: dict[str, int], notes: list[str]) -> None:
     """``parallelism.expert_tensor_parallel_degree`` (e347b1e's ``job_config.py``:464, v0.2.2; c4b409a
     removed it: :data:`~meshplan.spec.axes.ep.TORCH_ETP`). With ep > 1, v0.2.2 runs etp 1 or tp
-    (``parallel_dims.py``:58-59 at e347b1e), another etp a ConfigError; etp = tp is read, with a note:
-    meshplan plans torch as b5bcd76, so the plan is infeasible (rule ``torch_etp``). At ep 1 it is read
+    (``parallel_dims.py``:58-59 at e347b1e), another etp a ConfigError; etp = tp is read, with a note, and
+    planned as v0.2.2 runs it (the import names that torchtitan: ``training.op_sac_policy = "238fa99"``,
+    :attr:`~meshplan.spec.training.TrainingSpec.torchtitan_v022`; rule ``torch_etp`` accepts it). At ep 1 it is read
     as tp (the experts over tp there), with a note; else as it is, with a note naming c4b409a.
 
     >>> read_etp({"expert_tensor_parallel_degree": 2}, {"ep": 4, "etp": 2, "tp": 4}, [])
@@ -98,10 +99,11 @@ def read_etp(par: dict, deg: dict[str, int], notes: list[str]) -> None:
                      f"{tp}, the tp degree: {TORCH_ETP_EP1}")
         deg["etp"] = etp = tp
     if ep > 1 and etp > 1:
-        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} with expert_parallel_degree {ep}: torchtitan "
-                     f"v0.2.2 runs it (ETP = TP, parallel_dims.py:58-59 at e347b1e), but meshplan plans torchtitan as "
-                     f"b5bcd76, where {TORCH_ETP}: the plan is infeasible (rule torch_etp); "
-                     "expert_tensor_parallel_degree = 1 plans what both run")
+        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} with expert_parallel_degree {ep}: planned as "
+                     f"torchtitan v0.2.2 runs it (ETP = TP, each routed expert sharded over tp: parallel_dims.py:58-59 "
+                     f"at e347b1e; training.op_sac_policy = \"238fa99\", the TOML-reading torchtitan); c4b409a "
+                     f"(2026-04-30) removed it: {TORCH_ETP}, so for a later torchtitan set "
+                     "expert_tensor_parallel_degree = 1")
         return
     notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan up to v0.2.2 "
                  "reads the key (meshplan export keeps it); c4b409a (#3167, 2026-04-30) removed it with expert "

@@ -358,7 +358,7 @@ def etp_note(par: dict) -> list[str]:
     >>> etp_note({"expert_parallel_degree": 4})
     []
     >>> print(etp_note({"expert_parallel_degree": 4, "tensor_parallel_degree": 4, "expert_tensor_parallel_degree": 4})[0])
-    note: expert_tensor_parallel_degree = 4 (= tp, ep 4): torchtitan v0.2.2 shards each routed expert over etp too (ExpertTensorParallel: parallel_dims.py:58-59, llama4/infra/parallelize.py:578-580 at e347b1e), where b5bcd76 has no ETP (c4b409a removed it) and meshplan plans framework torch as b5bcd76, so `plan` of this file is infeasible (rule torch_etp): set etp 1 in [mesh] for a file both run
+    note: expert_tensor_parallel_degree = 4 (= tp, ep 4): torchtitan v0.2.2 shards each routed expert over etp too (ExpertTensorParallel: parallel_dims.py:58-59, llama4/infra/parallelize.py:578-580 at e347b1e), where b5bcd76 has no ETP (c4b409a removed it); `plan` of this file plans v0.2.2's (its import names that torchtitan: training.op_sac_policy = "238fa99"): set etp 1 for a file a torchtitan after c4b409a runs too
     """
     etp = par.get("expert_tensor_parallel_degree", 1)
     if etp == 1:
@@ -366,8 +366,9 @@ def etp_note(par: dict) -> list[str]:
     return [f"note: expert_tensor_parallel_degree = {etp} (= tp, ep {par['expert_parallel_degree']}): torchtitan "
             "v0.2.2 shards each routed expert over etp too (ExpertTensorParallel: parallel_dims.py:58-59, "
             "llama4/infra/parallelize.py:578-580 at e347b1e), "
-            "where b5bcd76 has no ETP (c4b409a removed it) and meshplan plans framework torch as b5bcd76, so `plan` "
-            "of this file is infeasible (rule torch_etp): set etp 1 in [mesh] for a file both run"]
+            "where b5bcd76 has no ETP (c4b409a removed it); `plan` of this file plans v0.2.2's (its import names that "
+            "torchtitan: training.op_sac_policy = \"238fa99\"): set etp 1 for a file a torchtitan after c4b409a "
+            "runs too"]
 
 
 def _no_schedule(cfg: Config) -> str:

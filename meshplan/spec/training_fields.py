@@ -104,7 +104,8 @@ class TrainingFields(BaseModel):
     reshard_head_after_forward: bool = False
     recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
     recompute_modules: tuple[str, ...] = ("core_attn",)  # recompute "selective": meshplan.spec.recompute_modules
-    op_sac_policy: OpSacPolicy = "238fa99"  # recompute "op": compute.recompute.op_sac_fuses_qkv
+    # which torchtitan (TrainingEngines.op_sac, .torchtitan_v022): unset plans op SAC as 238fa99, expert TP as b5bcd76
+    op_sac_policy: Optional[OpSacPolicy] = None
     ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
