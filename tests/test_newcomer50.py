@@ -18,6 +18,10 @@ TOML-reading torchtitan (<= v0.2.2; e347b1e ``distributed/parallel_dims.py``:58-
 after 9810191 ended TOML job files. The import names the torchtitan it reads (``training.op_sac_policy =
 "238fa99"``, :attr:`TrainingSpec.torchtitan_v022`, the one home of "which torchtitan") and the rule and the
 search's etp values follow it; a meshplan TOML that names none, or "b5bcd76", is still refused.
+
+#4 (medium): the bubble hint told a torchtitan user ``mesh.virtual_stages = 4, parallelism.module_fqns_per_model_part
+[7, 8, ...]`` (meshplan's key, and layer counts where torchtitan takes module names); it now says
+``parallelism.pipeline_parallel_layers_per_stage = N`` and re-plans the split torchtitan cuts from it.
 """
 
 from __future__ import annotations
@@ -29,12 +33,24 @@ import pytest
 
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
+from meshplan.cli import main
 from meshplan.errors import ConfigError
+from meshplan.schedule.bubble_hint import torchtitan_layers_per_stage
 from meshplan.plan import Infeasible, build_plan
 from meshplan.spec.axes.ep import etp_values
 
 DATA = Path(__file__).parent / "data" / "nc50"
 H200_64 = ImportOptions(cluster="dgx-h200", nodes=64)
+
+
+def _run(capsys, *argv) -> tuple[str, str]:
+    """``meshplan ARGV`` in this process: (stdout, stderr); exit status 0 or 1 (a verdict, not an error)."""
+    try:
+        main([str(a) for a in argv])
+    except SystemExit as e:
+        assert e.code in (0, 1, None), capsys.readouterr().err[-400:]
+    out = capsys.readouterr()
+    return out.out, out.err
 
 
 def test_deepep_ignored_for_qwen3(tmp_path):
@@ -107,3 +123,17 @@ def test_etp_equals_tp_under_toml_torchtitan(tmp_path):
     # etp 2 with tp 4 (etp2tp4.toml as the trial wrote it): v0.2.2 refuses it too, a ConfigError
     with pytest.raises(ConfigError, match="expert_tensor_parallel_degree = 1 or 4"):
         load_any(DATA / "etp2tp4.toml", "torchtitan", H200_64)
+
+
+def test_bubble_hint_in_torchtitan_keys(capsys):
+    """#4: ``dsv3_671b_512xh200.toml`` (DeepSeek-V3, 61 layers, pp 8 x 2 stages per rank, Interleaved1F1B): the
+    hint's 4 stages per rank are 32 parts; torchtitan cuts ceil((61 + 2) / N) parts, 32 at N = 2 (63 / 2 = 31.5),
+    so the line says ``pipeline_parallel_layers_per_stage = 2`` and neither meshplan's mesh.virtual_stages nor
+    module_fqns_per_model_part with counts. 94 layers (Qwen3-235B) at pp 4 x 4: 96 / 6 = 16 parts, N = 6;
+    40 parts of 96 slots: ceil(96 / 2) = 48, ceil(96 / 3) = 32, no N."""
+    assert (torchtitan_layers_per_stage(61, 32), torchtitan_layers_per_stage(94, 16)) == (2, 6)
+    assert torchtitan_layers_per_stage(94, 40) is None
+    out, err = _run(capsys, "step", DATA / "dsv3_671b_512xh200.toml", "--cluster", "dgx-h200", "--nodes", 64)
+    hint = [x for x in (out + err).splitlines() if x.startswith("hint: the pipeline bubble")]
+    assert len(hint) == 1 and "parallelism.pipeline_parallel_layers_per_stage = 2 (32 stages, 4 per rank" in hint[0]
+    assert "virtual_stages" not in hint[0] and "module_fqns_per_model_part [" not in hint[0]
