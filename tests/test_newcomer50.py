@@ -22,6 +22,10 @@ search's etp values follow it; a meshplan TOML that names none, or "b5bcd76", is
 #4 (medium): the bubble hint told a torchtitan user ``mesh.virtual_stages = 4, parallelism.module_fqns_per_model_part
 [7, 8, ...]`` (meshplan's key, and layer counts where torchtitan takes module names); it now says
 ``parallelism.pipeline_parallel_layers_per_stage = N`` and re-plans the split torchtitan cuts from it.
+
+#5 (medium): a meshplan TOML at pp 8 with 2 virtual stages and 94 layers was refused with "94 layers do not divide
+into pp 8 stages", the virtual stages unnamed; the reason now names them and the two shapes of split it takes, and
+the fix line gives torchtitan's uneven split.
 """
 
 from __future__ import annotations
@@ -137,3 +141,19 @@ def test_bubble_hint_in_torchtitan_keys(capsys):
     hint = [x for x in (out + err).splitlines() if x.startswith("hint: the pipeline bubble")]
     assert len(hint) == 1 and "parallelism.pipeline_parallel_layers_per_stage = 2 (32 stages, 4 per rank" in hint[0]
     assert "virtual_stages" not in hint[0] and "module_fqns_per_model_part [" not in hint[0]
+
+
+def test_uneven_layers_name_the_virtual_stages(tmp_path, capsys):
+    """#5: the trial's import output ``job.toml`` (Qwen3-235B, interleaved, 2 virtual stages) at pp 8 without its
+    split: 94 / 8 = 11.75 layers per stage, 94 / 16 = 5.875 per chunk. torchtitan cuts 16 parts of (94 + 2) / 16 = 6
+    slots, the embedding and the output one each: [5, 6 x 14, 5], i.e. per stage 5 + 6 = 11, 12 x 6, 6 + 5 = 11,
+    which the fix line gives."""
+    text = (DATA / "job.toml").read_text().replace("shape = [4, -1, 16]", "shape = [8, -1, 16]")
+    (tmp_path / "pp8.toml").write_text("\n".join(x for x in text.splitlines() if not x.startswith("pp_layer_split")))
+    out, err = _run(capsys, "plan", tmp_path / "pp8.toml")
+    lines = (out + err).splitlines()
+    assert ("infeasible: 94 layers do not divide into pp 8 stages (11.75 per stage) of vpp 2 virtual stages (5.875 "
+            "layers per chunk); give an explicit pp_layer_split of 8 entries (layers per stage) or 16 (per virtual "
+            "stage); the fix line gives the framework's uneven split") in lines
+    assert any(x.startswith("fix: 94 layers over pp 8 x vpp 2: give mesh.pp_layer_split = [11, 12, 12, 12, 12, 12, 12, "
+                            "11]") for x in lines)
