@@ -26,6 +26,10 @@ search's etp values follow it; a meshplan TOML that names none, or "b5bcd76", is
 #5 (medium): a meshplan TOML at pp 8 with 2 virtual stages and 94 layers was refused with "94 layers do not divide
 into pp 8 stages", the virtual stages unnamed; the reason now names them and the two shapes of split it takes, and
 the fix line gives torchtitan's uneven split.
+
+#6 (medium): validate (a) refused ``model.qk_norm`` only after torchrun started (rank 0's ConfigError, exit 1): it is
+now a refusal decided before anything runs (exit 2), listed in the docs; (b) ``--layers`` left an explicit
+``pp_layer_split`` at the config's layers ("sums to 94, must be 4 layers"): it is rescaled in proportion.
 """
 
 from __future__ import annotations
@@ -157,3 +161,21 @@ def test_uneven_layers_name_the_virtual_stages(tmp_path, capsys):
             "stage); the fix line gives the framework's uneven split") in lines
     assert any(x.startswith("fix: 94 layers over pp 8 x vpp 2: give mesh.pp_layer_split = [11, 12, 12, 12, 12, 12, 12, "
                             "11]") for x in lines)
+
+
+def test_validate_refuses_qk_norm_up_front_and_rescales_the_split():
+    """#6: the trial's ``slice_pp2_ep2.toml`` (Qwen3-235B, qk_norm, pp 2 x ep 2, split [23, 24, 24, 23]) at
+    ``--worlds 4 --layers 4``: one refusal naming model.qk_norm among those decided before torchrun; the scaled
+    config's split is 4 x (23 or 24) / 94 = 0.98 or 1.02 -> floors [0, 1, 1, 0], the 2 layers left to the largest
+    remainders (0.98, entries 0 and 3): [1, 1, 1, 1]; at --layers 8: [1.96, 2.04, 2.04, 1.96] -> [2, 2, 2, 2]."""
+    from meshplan.interop.foreign import load_any as load
+    from meshplan.runtime.validation.options import Options
+    from meshplan.runtime.validation.refusals import refusals
+    from meshplan.runtime.validation.scaling import scale_config
+    cfg = load(DATA / "slice_pp2_ep2.toml")
+    why = [e for e in refusals(cfg, Options(worlds=(4,), layers=4)) if e.field == "model.qk_norm"]
+    assert len(why) == 1 and "qk_norm = false" in str(why[0])
+    for layers, split in ((4, [1, 1, 1, 1]), (8, [2, 2, 2, 2])):
+        scaled, notes = scale_config(cfg, 4, Options(worlds=(4,), layers=layers))
+        assert scaled.mesh.pp_layer_split == split and scaled.model.layers == layers
+        assert any(f"pp_layer_split [23, 24, 24, 23] -> {split}" in n for n in notes)
