@@ -30,6 +30,9 @@ the fix line gives torchtitan's uneven split.
 #6 (medium): validate (a) refused ``model.qk_norm`` only after torchrun started (rank 0's ConfigError, exit 1): it is
 now a refusal decided before anything runs (exit 2), listed in the docs; (b) ``--layers`` left an explicit
 ``pp_layer_split`` at the config's layers ("sums to 94, must be 4 layers"): it is rescaled in proportion.
+
+#7 (medium-low): where the caching allocator's reserved peak exceeds usable memory but the allocated peak fits,
+plan, memory, step and the page said "fits" alone; a warning line now says the allocator will flush and retry.
 """
 
 from __future__ import annotations
@@ -179,3 +182,15 @@ def test_validate_refuses_qk_norm_up_front_and_rescales_the_split():
         scaled, notes = scale_config(cfg, 4, Options(worlds=(4,), layers=layers))
         assert scaled.mesh.pp_layer_split == split and scaled.model.layers == layers
         assert any(f"pp_layer_split [23, 24, 24, 23] -> {split}" in n for n in notes)
+
+
+def test_reserved_over_usable_warns(capsys, tmp_path):
+    """#7: the trial's import output ``job.toml`` (Qwen3-235B pp 4 x ep 16 on 64 H200: usable 139.8 GiB x 0.9 =
+    125.8 GiB): stage 0's peak incl. communication buffers 119.1 GiB fits; the simulated caching allocator reserves
+    132.6 GiB there, + 0.5 GiB communication buffers (the memory line's) = 133.1 GiB > 125.8 GiB, so
+    plan, memory and step each print the retry warning once (stage 1: 125.0 < 125.8, no excess)."""
+    for command, extra in (("plan", ()), ("memory", ("--out", tmp_path)), ("step", ())):
+        out, err = _run(capsys, command, DATA / "job.toml", *extra)
+        lines = [x for x in (out + err).replace("\n", " ").split("warning (this mesh): ") if "cudaMalloc" in x]
+        assert len(lines) == 1, command
+        assert "(119.1 GiB on stage 0)" in lines[0] and "= 133.1 GiB exceeds the usable 125.8 GiB" in lines[0]
