@@ -33,6 +33,10 @@ now a refusal decided before anything runs (exit 2), listed in the docs; (b) ``-
 
 #7 (medium-low): where the caching allocator's reserved peak exceeds usable memory but the allocated peak fits,
 plan, memory, step and the page said "fits" alone; a warning line now says the allocator will flush and retry.
+
+#8 (low): ``--calibration`` with an all-to-all fit on an inline node printed "links calibrated" beside "links
+uncalibrated ... pass --calibration", and "the other collectives stay on the catalog curves" where the node has
+none: the origin line says they run at the NIC line rate, and the uncalibrated note names the ops it means.
 """
 
 from __future__ import annotations
@@ -194,3 +198,17 @@ def test_reserved_over_usable_warns(capsys, tmp_path):
         lines = [x for x in (out + err).replace("\n", " ").split("warning (this mesh): ") if "cudaMalloc" in x]
         assert len(lines) == 1, command
         assert "(119.1 GiB on stage 0)" in lines[0] and "= 133.1 GiB exceeds the usable 125.8 GiB" in lines[0]
+
+
+def test_calibration_lines_on_an_inline_node(capsys):
+    """#8: the trial's ``job_roce.toml`` (inline hgx-h200-roce node, 400 Gb/s NICs, no catalog curve) with its
+    ``calib.toml`` (one alltoall_perf run over 16 ranks on 2 hosts, apply_calibration's "a2a" curve): all-to-all is
+    set; all-reduce, all-gather, reduce-scatter and send/recv have neither a catalog curve nor a run, so both
+    lines say those four run at line rate, and neither says "catalog curves"."""
+    out, err = _run(capsys, "step", DATA / "job_roce.toml", "--calibration", DATA / "calib.toml")
+    text = (out + err).replace("\n", " ")
+    assert ("sets all-to-all across nodes; all-reduce, all-gather, reduce-scatter and send/recv run at the NIC line "
+            "rate (the node has no catalog NIC curve), an upper bound") in text
+    assert ("links uncalibrated: hgx-h200-roce NIC (400 Gb/s) for all-reduce, all-gather, reduce-scatter and "
+            "send/recv (--calibration set all-to-all)") in text
+    assert "stay on the catalog curves" not in text
