@@ -37,6 +37,9 @@ plan, memory, step and the page said "fits" alone; a warning line now says the a
 #8 (low): ``--calibration`` with an all-to-all fit on an inline node printed "links calibrated" beside "links
 uncalibrated ... pass --calibration", and "the other collectives stay on the catalog curves" where the node has
 none: the origin line says they run at the NIC line rate, and the uncalibrated note names the ops it means.
+
+#9 (low): float8 MFU was against the fp8 peak alone while the routed experts' grouped GEMMs (and attention) run in
+bf16: the line now says what that peak counts and gives MFU against the bf16 peak beside it.
 """
 
 from __future__ import annotations
@@ -212,3 +215,16 @@ def test_calibration_lines_on_an_inline_node(capsys):
     assert ("links uncalibrated: hgx-h200-roce NIC (400 Gb/s) for all-reduce, all-gather, reduce-scatter and "
             "send/recv (--calibration set all-to-all)") in text
     assert "stay on the catalog curves" not in text
+
+
+def test_float8_mfu_names_both_peaks(capsys):
+    """#9: ``dsv3_fp8.toml`` (DeepSeek-V3, float8 converter, H200): MFU is stated of the 1,979 TFLOP/s fp8 peak and,
+    beside it, of the 989 TFLOP/s bf16 peak (the H200 SXM datasheet's dense figures, catalog): the same model FLOP
+    over half the peak, so the second MFU is 1979 / 989 = 2.0x the first (12.4% -> 24.8% at this step)."""
+    import re
+    out, err = _run(capsys, "step", DATA / "dsv3_fp8.toml", "--cluster", "dgx-h200", "--nodes", 64)
+    line = next(x for x in (out + err).replace("\n ", " ").splitlines() if x.startswith("tokens/s"))
+    fp8 = float(re.search(r"MFU ([\d.]+)% \(model FLOP", line).group(1))
+    bf16 = float(re.search(r"MFU ([\d.]+)% of the 989 TFLOP/s bf16 dense peak", line).group(1))
+    assert "of the 1,979 TFLOP/s fp8 dense peak per GPU (the float8 Linears' peak" in line
+    assert abs(bf16 - fp8 * 1979 / 989) <= 0.1
