@@ -40,6 +40,9 @@ none: the origin line says they run at the NIC line rate, and the uncalibrated n
 
 #9 (low): float8 MFU was against the fp8 peak alone while the routed experts' grouped GEMMs (and attention) run in
 bf16: the line now says what that peak counts and gives MFU against the bf16 peak beside it.
+
+#10 (low): ``step`` of a mesh over memory printed the reasons but no ``fix:`` line where ``plan`` does; it prints
+plan's (meshplan.plan_fix.memory_fix), the same line.
 """
 
 from __future__ import annotations
@@ -228,3 +231,19 @@ def test_float8_mfu_names_both_peaks(capsys):
     bf16 = float(re.search(r"MFU ([\d.]+)% of the 989 TFLOP/s bf16 dense peak", line).group(1))
     assert "of the 1,979 TFLOP/s fp8 dense peak per GPU (the float8 Linears' peak" in line
     assert abs(bf16 - fp8 * 1979 / 989) <= 0.1
+
+
+def test_step_prints_plans_fix_line(capsys):
+    """#10: the trial's ``job_skew.toml`` (its hottest expert's share raised): stage 0 peaks at 130.0 GiB > 125.8
+    GiB usable, so both commands exit 1 with the reasons and the same ``fix:`` line (the knobs re-planned)."""
+    def verdict(command):
+        try:
+            main([command, str(DATA / "job_skew.toml")])
+        except SystemExit as e:
+            assert e.code == 1
+        out = capsys.readouterr()
+        lines = (out.out + out.err).splitlines()
+        return [x for x in lines if x.startswith("infeasible: ")], [x for x in lines if x.startswith("fix: ")]
+    (plan_why, plan_fix), (step_why, step_fix) = verdict("plan"), verdict("step")
+    assert plan_why and plan_why == step_why
+    assert len(plan_fix) == 1 and plan_fix == step_fix
