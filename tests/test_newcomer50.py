@@ -247,3 +247,17 @@ def test_step_prints_plans_fix_line(capsys):
     (plan_why, plan_fix), (step_why, step_fix) = verdict("plan"), verdict("step")
     assert plan_why and plan_why == step_why
     assert len(plan_fix) == 1 and plan_fix == step_fix
+
+
+def test_export_says_qwen3_ignores_deepep(tmp_path, capsys):
+    """#1, the other way: a meshplan plan of Qwen3-30B-A3B (its config.json: model_type qwen3_moe -> torchtitan's
+    qwen3) with moe_dispatcher "deepep" exported to torchtitan keeps the key, and the header says the qwen3
+    parallelize ignores it (e347b1e qwen3/infra/parallelize.py:108-118), so the file runs the all-to-all."""
+    hf = Path(__file__).parent / "data" / "hf" / "qwen3-30b-a3b" / "config.json"
+    (tmp_path / "q.toml").write_text(f'[model]\nhf_config = "{hf}"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                                     '[training]\nglobal_batch = 8\nseq_len = 1024\nmoe_dispatcher = "deepep"\n'
+                                     '[mesh]\nnames = ["dp_shard", "ep"]\nshape = [8, 8]\n')
+    _run(capsys, "export", tmp_path / "q.toml", "--to", "torchtitan", "-o", tmp_path / "tt.toml")
+    text = (tmp_path / "tt.toml").read_text()
+    assert "# note: expert_parallel_comm_backend = \"deepep\" is written, but torchtitan's qwen3 parallelize ignores" \
+        in text

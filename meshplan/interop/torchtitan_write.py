@@ -16,7 +16,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan import DEGREES
 from meshplan.interop.torchtitan_custom import Flavor, llama3_flavor, not_llama3, written_flavors
-from meshplan.interop.torchtitan_ep import write_backend
+from meshplan.interop.torchtitan_ep import DEEPEP_FAMILIES, write_backend
 from meshplan.interop.torchtitan_flavors import flavor_of, flavor_refusal
 from meshplan.interop.torchtitan_float8 import write_float8
 from meshplan.interop.torchtitan_hf import hf_flavor, hf_note, hf_refusal
@@ -238,6 +238,11 @@ def write_notes(cfg: Config, recompute_noted: bool = False) -> list[str]:
     out += [f"note: training.op_sac_policy \"b5bcd76\" plans torchtitan b5bcd76's op-level SAC (one wqkv mm, saved "
             f"whole); the torchtitan <= v0.2.2 this file is for saves wq and wv and recomputes wk (238fa99's policy, "
             f"meshplan's default)"] if t.recompute == "op" and t.op_sac_policy == "b5bcd76" and not cfg.model.is_mla else []
+    family = model_table(cfg).get("name", "llama3") if t.moe_dispatcher == "deepep" and cfg.model.is_moe else None
+    out += [f"note: expert_parallel_comm_backend = \"deepep\" is written, but torchtitan's {family} parallelize ignores "
+            f"it (only {' and '.join(DEEPEP_FAMILIES)} read it, e347b1e): this file runs the standard all-to-all, "
+            f"which meshplan plans with training.moe_dispatcher = \"alltoall\""] \
+        if family is not None and family not in DEEPEP_FAMILIES else []
     if t.recompute != "selective" or recompute_noted:
         return out
     written = write_recompute(t)["mode"]
