@@ -17,9 +17,9 @@ from meshplan.cli.common import (
     _echo,
     _in_file,
     _exit_infeasible,
+    _infeasible,
     _json_option,
     _refuse_existing,
-    _verdict_exit,
     _write_doc,
     _wrote,
 )
@@ -33,6 +33,8 @@ from meshplan.comm.calibration_notes import uncalibrated_note
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
+from meshplan.interop.keymaps import keymap_of
+from meshplan.plan_fix import memory_fix
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.ep_hint import ep_hint
@@ -179,7 +181,11 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo(mfu_caveat())
         _echo_balance(p)
         _write_doc(json_path, {**_calibrated(step_infeasible_doc(p, st), cal), "kernels": kd}, force)
-        _verdict_exit(p)
+        _infeasible(p)  # plan's verdict lines: the reasons, then the knobs that bring the peak under (nc50 #10)
+        fix = memory_fix(p, keymap_of(p.config))
+        if fix:
+            _echo(fix, err=True)
+        raise typer.Exit(1)
     for line in st.lines():
         _echo(line)
     _echo(mfu_caveat())  # once, under the MFU line: predicted, with the measured error by setting

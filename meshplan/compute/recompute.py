@@ -222,7 +222,7 @@ def op_replays_ep(model: ModelSpec, training) -> bool:
     table (:func:`meshplan.comm.ep_rows.ep_rows`), the kept activations
     (:mod:`meshplan.memory.workingset`) and the search's bound (:mod:`meshplan.search.layer_bounds`)."""
     return training.recompute == "op" and model.is_moe and not op_sac_saves_all_to_all(
-        training.op_sac_policy, model.is_mla, bool(model.shared_experts))
+        training.op_sac, model.is_mla, bool(model.shared_experts))
 
 
 def layer_mms(model: ModelSpec, moe: bool, policy: str = "238fa99") -> tuple[str, ...]:
