@@ -86,3 +86,35 @@ def test_knob_acts_under_op_only():
     t = lambda rc: TrainingSpec(global_batch=8, seq_len=16, recompute=rc, op_sac_policy="b5bcd76")
     assert t("op").knob_acts("op_sac_policy") == (True, "b5bcd76")
     assert t("full").knob_acts("op_sac_policy") == (False, "b5bcd76")
+
+
+def _cfg(training: dict, search: dict | None = None):
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+         "training": {"global_batch": 8, "seq_len": 1024, **training}}
+    return config_from_dict(d | ({"search": search} if search is not None else {}), require_mesh=False)
+
+
+def test_policy_acting_nowhere_is_one_line_error():
+    """op_sac_policy is read only under recompute "op" (compute.recompute.op_sac_fuses_qkv is called
+    from the op-level SAC terms alone): set to b5bcd76 under recompute "full" with a search list
+    without "op", no plan or search row reads it, so it is a one-line error naming the field and the
+    fix, not a silent default; under Megatron-LM (no op-level SAC) the fix is removing it."""
+    with pytest.raises(ConfigError, match="training.op_sac_policy") as e:
+        _cfg({"recompute": "full", "op_sac_policy": "b5bcd76"}, {"recompute": ["none", "full"]})
+    msg = str(e.value)
+    assert "\n" not in msg and "'full'" in msg and 'set training.recompute = "op" or remove op_sac_policy' in msg
+    with pytest.raises(ConfigError, match="training.op_sac_policy") as e:
+        _cfg({"framework": "megatron", "sharding": "zero1", "recompute": "full", "op_sac_policy": "b5bcd76"})
+    assert "framework 'megatron' does not have: remove op_sac_policy" in str(e.value)
+
+
+def test_policy_for_the_search_op_rows_is_a_note():
+    """The default search list tries op rows under torchtitan (search.space_recompute.searched_recompute),
+    whose workload takes training.op_sac_policy whatever training.recompute is: the key acts there,
+    so a note says plan and step leave it out; at its default, or under recompute "op", nothing."""
+    notes = _cfg({"recompute": "selective", "op_sac_policy": "b5bcd76"}).notes
+    assert [n for n in notes if "op_sac_policy" in n] == [
+        "training.op_sac_policy \"b5bcd76\" not planned: recompute is 'selective' (it acts under recompute = \"op\" "
+        "only); the search's op rows take it"]
+    for training in ({"recompute": "full", "op_sac_policy": "238fa99"}, {"recompute": "op", "op_sac_policy": "b5bcd76"}):
+        assert not [n for n in _cfg(training, {"recompute": ["full"]}).notes if "op_sac_policy" in n]

@@ -11,6 +11,7 @@ from typing import Optional
 
 from pydantic import model_validator
 
+from meshplan.errors import ConfigError
 from meshplan.spec.training_fields import DEEPSPEED_ZERO3
 from meshplan.spec.training_precision import TrainingPrecision
 
@@ -75,6 +76,41 @@ def megatron_only_keys(training) -> list[str]:
     ['overlap_grad_reduce', 'pp_p2p_overlap']
     """
     return [k for k, (value, _) in MEGATRON_ONLY.items() if getattr(training, k) is value]
+
+
+def op_sac_policy_notes(training, search) -> tuple[str, ...]:
+    """Check ``training.op_sac_policy`` against the recompute it acts under: torchtitan's op-level
+    SAC (``recompute = "op"``) alone reads it (:func:`meshplan.compute.recompute.op_sac_fuses_qkv`).
+    Set away from its default (``model_fields_set``: a dumped TrainingSpec writes the default, no
+    choice) under another recompute, it is planned nowhere unless ``meshplan search`` tries op rows
+    (``search``'s ``recompute`` lists "op" and the runtime has op-level SAC,
+    :attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`, as
+    :func:`meshplan.search.space_recompute.searched_recompute` keeps it): then a note that plan and
+    step leave it out; otherwise a :class:`~meshplan.errors.ConfigError` naming the field and the fix.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> from meshplan.spec.search import SearchOptions
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, op_sac_policy="b5bcd76")
+    >>> print(op_sac_policy_notes(t, SearchOptions())[0])
+    training.op_sac_policy "b5bcd76" not planned: recompute is 'selective' (it acts under recompute = "op" only); the search's op rows take it
+    >>> op_sac_policy_notes(t, SearchOptions(recompute=["none", "full"]))
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: training.op_sac_policy: "b5bcd76" is torchtitan's op-level SAC policy, read only under recompute = "op" (here 'selective', and search.recompute lists no "op"): set training.recompute = "op" or remove op_sac_policy
+    """
+    value, default = training.op_sac_policy, type(training).model_fields["op_sac_policy"].default
+    if "op_sac_policy" not in training.model_fields_set or value == default or training.recompute == "op":
+        return ()
+    if "op" in search.recompute and training.has_op_recompute:
+        return (f"training.op_sac_policy \"{value}\" not planned: recompute is {training.recompute!r} (it acts under "
+                f"recompute = \"op\" only); the search's op rows take it",)
+    head = f"\"{value}\" is torchtitan's op-level SAC policy, read only under recompute = \"op\""
+    if not training.has_op_recompute:
+        field = training.op_recompute_blocker
+        raise ConfigError("training.op_sac_policy", f"{head}, which {field} {getattr(training, field)!r} does not "
+                          f"have: remove op_sac_policy")
+    raise ConfigError("training.op_sac_policy", f"{head} (here {training.recompute!r}, and search.recompute lists "
+                      f"no \"op\"): set training.recompute = \"op\" or remove op_sac_policy")
 
 
 def async_tp_uncompiled(training) -> bool:
