@@ -27,7 +27,7 @@ from meshplan.comm.nccl_check import check_log
 from meshplan.comm.nccl_log import read_nccl_log
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
-from meshplan.interop.launch_args import megatron_program_args
+from meshplan.interop.launch_args import megatron_program_args, refuse_unplanned
 from meshplan.interop.megatron_env import launch_env, script_env
 from meshplan.interop.source_file import carried_source
 from meshplan.placement.assign import rank_row
@@ -206,7 +206,9 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     for a Megatron-LM plan CUDA_DEVICE_MAX_CONNECTIONS as its validate_args asserts it, and the NCCL_*/NVTE_* exports of the launch script it was imported from). A mesh that does not fit writes nothing and exits 1. A program whose first word is a Python file
     (train.py) is refused: bind.sh execs it as a command; give -- python train.py. For a Megatron-LM plan the flags
     export --to megatron writes (with its [source]'s flags meshplan does not plan) are appended to the program, after its
-    own words (argparse keeps the last of a repeated flag), and a note says so."""
+    own words (argparse keeps the last of a repeated flag), and a note says so; a flag meshplan plans that the program
+    gives but the appended flags leave out (a switch the plan keeps off, such as --sequence-parallel) is refused, since
+    no later word would undo it."""
 
     if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
         check_program(tuple(program))
@@ -223,6 +225,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     c = for_command(c, "launch")  # its warnings name launch --choose
     appended, appended_note = (megatron_program_args(p.config, config)
                                if program and p.config.training.framework == "megatron" else ((), ""))
+    refuse_unplanned(tuple(program or ()), appended, config)  # a planned flag the appended ones leave out
     opts = LaunchOptions(program=tuple(program or ()) + appended, rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
