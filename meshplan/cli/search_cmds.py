@@ -258,34 +258,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
 
     names = framework_names(framework) if framework is not None else ()
     pick = export_pick(export_rank) if export_rank is not None else None  # (row, variant letter or "")
-    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):  # before loading
-        raise ConfigError("--html" if html_path is not None else "--export",
-                          f"not with several frameworks ({framework}): search the row's framework alone, "
-                          f"--framework NAME, to write its page or export its other settings")
-    if pick is not None:
-        if out is None:
-            raise ConfigError("-o", "--export needs -o FILE")
-        if to not in FORMATS:
-            raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
-        _refuse_existing(out, force, "-o")
+    _refuse_search_options(names, pick, framework, html_path, out, to, force)  # before loading
     cfg = load_any(config, foreign.fmt, foreign.options(), require_mesh=False)
     _notes(cfg)
-    cfg = _measured_cluster(cfg, topology, calibration=calibration, kernels=kernels)
-    if top is not None:
-        check_number("--top", top, 1, 10_000)
-        cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
-    if rank_tight:
-        cfg = replace(cfg, search=cfg.search.model_copy(update={"headroom_tier": False}))
+    cfg = _search_options(_measured_cluster(cfg, topology, calibration=calibration, kernels=kernels), top, rank_tight)
     names = names or configured_names(cfg)  # --framework, else [search] frameworks
-    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
-        raise ConfigError("--html" if html_path is not None else "--export",
-                          f"not with several frameworks ({', '.join(names)}): search the row's framework alone, "
-                          f"--framework NAME, to write its page or export its other settings")
-    if len(names) == 1:
-        for note in [dropped_note(cfg, names[0])] + ([ORIGIN_NOTE] if cfg.origin == "deepspeed" else []):
-            if note:
-                _echo(f"note: {note}")
-        cfg = framework_config(cfg, names[0])  # one framework: the whole search, under its runtime
+    cfg = _one_framework(cfg, names, pick, html_path)
     if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it
         raise ConfigError("--export", f"{pick[0]} > --top {cfg.search.top}: the search lists {cfg.search.top} "
                           f"row(s); pass --top {pick[0]} or export a lower rank")
@@ -306,6 +284,55 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         result = search(cfg, progress=bar)
     result = widen(result)  # no row and [search] cp narrowed: the fastest row with every cp, for the fix
     print_search(result, _console())
+    _search_outputs(result, cfg, config, pick, to, out, force, (user, carried), json_path, html_path, (cal, kern))
+
+
+def _refuse_search_options(names: tuple, pick, framework: Optional[str], html_path: Optional[Path],
+                           out: Optional[Path], to: str, force: bool) -> None:
+    """search's option refusals before the config is read: --html or an export's variant with
+    several frameworks, --export without -o, an unknown --to, an existing -o."""
+    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
+        raise ConfigError("--html" if html_path is not None else "--export",
+                          f"not with several frameworks ({framework}): search the row's framework alone, "
+                          f"--framework NAME, to write its page or export its other settings")
+    if pick is not None:
+        if out is None:
+            raise ConfigError("-o", "--export needs -o FILE")
+        if to not in FORMATS:
+            raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+        _refuse_existing(out, force, "-o")
+
+
+def _search_options(cfg, top: Optional[int], rank_tight: bool):
+    """``cfg`` with --top and --rank-tight in its [search] options."""
+    if top is not None:
+        check_number("--top", top, 1, 10_000)
+        cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
+    if rank_tight:
+        cfg = replace(cfg, search=cfg.search.model_copy(update={"headroom_tier": False}))
+    return cfg
+
+
+def _one_framework(cfg, names: tuple, pick, html_path: Optional[Path]):
+    """``cfg`` under its one framework ``names[0]`` (its notes printed), or unchanged with several
+    (refused with --html or an export's variant)."""
+    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
+        raise ConfigError("--html" if html_path is not None else "--export",
+                          f"not with several frameworks ({', '.join(names)}): search the row's framework alone, "
+                          f"--framework NAME, to write its page or export its other settings")
+    if len(names) == 1:
+        for note in [dropped_note(cfg, names[0])] + ([ORIGIN_NOTE] if cfg.origin == "deepspeed" else []):
+            if note:
+                _echo(f"note: {note}")
+        cfg = framework_config(cfg, names[0])  # one framework: the whole search, under its runtime
+    return cfg
+
+
+def _search_outputs(result, cfg, config: Path, pick, to: str, out: Optional[Path], force: bool, source: tuple,
+                    json_path: Optional[Path], html_path: Optional[Path], notes: tuple) -> None:
+    """After the table: the routing and balance notes, the --export row (``source``: the user file
+    and the lines it carries), --json, --html, the timing line and the exit (0: a row fits)."""
+    (user, carried), (cal, kern) = source, notes
     widest = max((int(result.candidates.ep[e.index]) for e in result.top), default=1)
     if (caveat := routing_note(cfg.model, widest, cfg.training.moe_dispatcher)) is not None:  # what ep rows model
         _echo(caveat)
