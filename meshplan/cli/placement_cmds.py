@@ -210,13 +210,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     gives but the appended flags leave out (a switch the plan keeps off, such as --sequence-parallel) is refused, since
     no later word would undo it."""
 
-    if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
-        check_program(tuple(program))
-    _check_nic_scope(nic_scope)
-    if out is None:  # defaults go under out/ (docs/commands.md "Outputs"); an earlier run's folder is refused, as report's file
-        out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
-    check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
-    _refuse_existing(json_path, force, "--json")
+    out = _launch_refusals(config, program, nic_scope, out, json_path, force)
     p = _load(config, topology)
     if p.mesh is None or not p.feasible:
         _write_doc(json_path, launch_doc(p, 0, [], ""), force)
@@ -232,6 +226,34 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                          partition=partition, time_limit=time_limit,
                          env=launch_env(p.config) + _script_env(config, p.config))
     written = write_launch(out, c.placement, opts, force=force)
+    _echo_launch(c, nic_scope, appended_note, written, out)
+    nodes = int(c.placement.node.max()) + 1
+    endpoint = "" if rdzv_endpoint or hosts else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
+    who = f"host {hosts} (the plan's node order)" if hosts else f"of the {nodes} node(s) NODE_RANK=<k>"
+    run = (f"on each {who}{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
+           f"sbatch {out / 'job.sbatch'}")
+    typer.echo(f"run: {run}")
+    _write_doc(json_path, launch_doc(p, nodes, _written(written), run, c), force)
+
+
+def _launch_refusals(config: Path, program: Optional[list[str]], nic_scope: str, out: Optional[Path],
+                     json_path: Optional[Path], force: bool) -> Path:
+    """launch's refusals before the planning (a Python file as the program, --nic-scope, an
+    existing script in --out or an existing --json); the --out folder, by default
+    out/launch/<CONFIG's name>."""
+    if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
+        check_program(tuple(program))
+    _check_nic_scope(nic_scope)
+    if out is None:  # defaults go under out/ (docs/commands.md "Outputs"); an earlier run's folder is refused, as report's file
+        out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
+    check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
+    _refuse_existing(json_path, force, "--json")
+    return out
+
+
+def _echo_launch(c, nic_scope: str, appended_note: str, written, out: Path) -> None:
+    """The placement's lines and warnings, the notes (rank NIC scope, the appended Megatron-LM
+    flags, a node-local --out) and the files written."""
     for line in launch_lines(c):  # the choice and the warnings place prints: never a silent permutation
         _echo(line)
     if nic_scope == "rank":
@@ -242,10 +264,3 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
         _wrote(path)
     if local_folder_note(out):  # job.sbatch finds the folder from the submit directory; the nodes must see it
         _echo(local_folder_note(out), err=True)
-    nodes = int(c.placement.node.max()) + 1
-    endpoint = "" if rdzv_endpoint or hosts else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
-    who = f"host {hosts} (the plan's node order)" if hosts else f"of the {nodes} node(s) NODE_RANK=<k>"
-    run = (f"on each {who}{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
-           f"sbatch {out / 'job.sbatch'}")
-    typer.echo(f"run: {run}")
-    _write_doc(json_path, launch_doc(p, nodes, _written(written), run, c), force)
