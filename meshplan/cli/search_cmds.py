@@ -92,6 +92,28 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     _refuse_existing(html_path, force, "--html")
     _refuse_existing(json_path, force, "--json")
+    a, b, names = _compare_sides(config_a, config_b, topology, calibration, kernels)
+    c = compare(a, b, names=names)  # refuses a different workload (model, cluster, batch ...) naming the field
+    evidence_folder(c, out, force)  # refuse an existing folder before printing the report
+    cal = _calibration(calibration, a.config.cluster)  # the header line (one cluster: compare refuses two)
+    kern = _kernels_note(a.config.cluster)
+    con = _console()
+    _print_compare(c, con)
+    for path in write_evidence(c, out, force=force, calibration=cal):
+        con.print(f"wrote {printable(str(path))}", markup=False)
+    if html_path:
+        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, _cal_note(cal, kern)), force, '--html')))}",
+                  highlight=False, markup=False)
+    _write_doc(json_path, _calibrated(compare_to_dict(c), cal), force)
+    if c.none_fit:
+        for side in (c.a,) if c.a.name == c.b.name else (c.a, c.b):  # one file given twice: its reasons once
+            _infeasible(side.plan, side.name)
+        raise typer.Exit(1)
+
+
+def _compare_sides(config_a: Path, config_b: Path, topology, calibration, kernels) -> tuple:
+    """(plan A, plan B, their names): each config planned (the topology's notes once), the same
+    measured kernel tables required of both, two files of one name told apart as -A and -B."""
     a, b = (checked(_load(c, topology, calibration=calibration, unresolved=True, kernels=kernels, quiet=c is config_b))
             for c in (config_a, config_b))  # the topology's notes once
     if [f.text for f in a.config.cluster.gpu.kernels] != [f.text for f in b.config.cluster.gpu.kernels]:
@@ -100,16 +122,17 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     names = (config_a.stem, config_b.stem)
     if names[0] == names[1] and config_a.resolve() != config_b.resolve():
         names = (f"{names[0]}-A", f"{names[1]}-B")  # two files of one name: keep the sides apart
-    c = compare(a, b, names=names)  # refuses a different workload (model, cluster, batch ...) naming the field
-    evidence_folder(c, out, force)  # refuse an existing folder before printing the report
-    cal = _calibration(calibration, a.config.cluster)  # the header line (one cluster: compare refuses two)
-    kern = _kernels_note(a.config.cluster)
+    return a, b, names
+
+
+def _print_compare(c, con) -> None:
+    """The comparison's table, GEMM basis, verdict and reasons, headroom and setting lines, and
+    each side's runtime warnings, on ``con``."""
     tab = Table(title="compare", title_justify="left")
     for col in ("quantity", c.a.name, c.b.name):
         tab.add_column(shown(col))
     for row in table_rows(c):
         tab.add_row(*(shown(x) for x in row))
-    con = _console()
     con.print(tab)
     if gemm_basis(c):
         con.print(gemm_basis(c), highlight=False, markup=False, soft_wrap=True)
@@ -125,16 +148,6 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
         for w in config_warnings(side.plan.config):
             con.print(f"warning ({shown(side.name)}): {shown(w)}", highlight=False)
-    for path in write_evidence(c, out, force=force, calibration=cal):
-        con.print(f"wrote {printable(str(path))}", markup=False)
-    if html_path:
-        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, _cal_note(cal, kern)), force, '--html')))}",
-                  highlight=False, markup=False)
-    _write_doc(json_path, _calibrated(compare_to_dict(c), cal), force)
-    if c.none_fit:
-        for side in (c.a,) if c.a.name == c.b.name else (c.a, c.b):  # one file given twice: its reasons once
-            _infeasible(side.plan, side.name)
-        raise typer.Exit(1)
 
 
 @foreign_options()
