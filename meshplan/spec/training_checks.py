@@ -190,6 +190,22 @@ class TrainingChecks(TrainingPrecision):
 
     @model_validator(mode="after")
     def _check(self):
+        self._check_batch_and_dtypes()
+        self._check_engines()
+        self._check_megatron_only()
+        self._check_megatron_overlap()
+        self._check_megatron_runtime()
+        self._check_torch_only()
+        self._check_pp_p2p()
+        self._check_zeropp()
+        if self.pp_schedule_runs > 1 and self.framework != "torch":
+            raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "
+                             f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
+                             f"schedule over the step's micro-batches: remove the key")
+        return self
+
+    def _check_batch_and_dtypes(self) -> None:
+        """The batch, clipping, AC interval and dtype keys (float8's refinements with them)."""
         if self.micro_batch > self.global_batch:
             raise ValueError(f"micro_batch {self.micro_batch} > global_batch {self.global_batch}")
         if self.grad_clip_norm is not None and not self.grad_clip:
@@ -220,6 +236,9 @@ class TrainingChecks(TrainingPrecision):
         if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
                              f"{self.sharding!r} gathers nothing: remove it")
+
+    def _check_engines(self) -> None:
+        """Each ZeRO engine key against its sharding and the options it takes (pp's engine too)."""
         if self.zero3_engine != "fsdp2" and self.sharding != "zero3":
             raise ValueError(zero3_engine_sharding_error(self.zero3_engine, self.sharding))
         if self.zero3_engine != "fsdp2" and (self.grad_accumulation != "sync" or not self.reshard_after_forward
@@ -247,9 +266,10 @@ class TrainingChecks(TrainingPrecision):
             raise ValueError("overlap_comm is DeepSpeed's zero_optimization.overlap_comm (sharding zero1 or zero2 with "
                              "zero12_engine = \"deepspeed\", or zero3 with zero3_engine = \"deepspeed\"): set the "
                              "engine or remove it")
-        self._check_megatron_only()
-        self._check_megatron_overlap()
-        self._check_megatron_runtime()
+
+    def _check_torch_only(self) -> None:
+        """The keys of framework torch's runtime (compile, eager optimizer, head resharding, FSDP2's
+        accumulation, ring CP) and Megatron-LM's p2p CP, each refused elsewhere."""
         if self.framework == "torch" and async_tp_uncompiled(self):
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
@@ -281,13 +301,6 @@ class TrainingChecks(TrainingPrecision):
             raise ValueError("cp_attention \"p2p\" is Transformer Engine's p2p ring as Megatron-LM runs it (framework "
                              f"\"megatron\"); framework {self.framework!r} runs its own CP: remove the key or use "
                              "\"allgather\"")
-        self._check_pp_p2p()
-        self._check_zeropp()
-        if self.pp_schedule_runs > 1 and self.framework != "torch":
-            raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "
-                             f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
-                             f"schedule over the step's micro-batches: remove the key")
-        return self
 
     def _check_pp_p2p(self) -> None:
         """``pp_p2p_overlap_warmup_flush`` only with Megatron-LM's p2p overlap on
