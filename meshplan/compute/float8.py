@@ -36,7 +36,8 @@ produced the tensor):
   Under torchao's float8 TP (sequence parallel, tp > 1) the block inputs and the row-parallel
   output gradients are cast on the rank's sequence shard before the all-gather (amax ``b``,
   cast ``b + 1``: row-major only) and the gathered float8 tensor is copied transposed for the
-  weight gradient (read 1, write 1 of the gathered tensor);
+  weight gradient (read 1, write 1 of the gathered tensor); the layout copy of each such gather
+  at batch > 1 (:mod:`meshplan.compute.dtensor_sp`) moves float8 too (:func:`sp_gather_in_float8`);
 - tensorwise, a weight: gathered in float8 (``training.fp8_all_gather``) nothing in forward and
   in backward the transposed copy (read 1, write 1); otherwise the amax (``b``), the forward
   cast (``b + 1``) and the backward's cast of the other layout (``b + 1``);
