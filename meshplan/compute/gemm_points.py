@@ -154,7 +154,8 @@ def _interpolate(pts, m: int, n: int, k: int) -> tuple[float, str]:
 #: float8 GEMM writes the high-precision dtype (bf16). torchao's ``float8_mm`` passes
 #: ``output_dtype = a._orig_dtype`` to ``torch._scaled_mm(..., out_dtype=output_dtype)``
 #: (pytorch/ao 6243040, June 2025, ``torchao/float8/float8_ops.py`` lines 351-383 and 25-79;
-#: the same at eab345c); Transformer Engine's fp8 GEMMs also write the activation dtype.
+#: eab345c: ``float8_ops.py`` line 283, ``float8_python_api.py`` line 66); Transformer
+#: Engine's fp8 GEMMs also write the activation dtype.
 OUTPUT_BYTES = {"fp8": 2}
 
 
