@@ -53,7 +53,7 @@ def test_megatron_on_h100_names_the_h100_evidence_of_its_settings(tmp_path, caps
     want = accuracy.setting_line("this mesh", (accuracy.TORCHTITAN_H100,), "megatron", rows, "note")
     assert rc == 0 and want in out.splitlines()
     assert "framework megatron on H100, whose runs there were not measured" in want
-    assert "+9% to +31%" in want and "+19% to +24%" in want and "+14% to +20% where +6% to +16%" in want
+    assert "+9% to +30%" in want and "+20% to +26%" in want and "+13% to +20% where +6% to +16%" in want
     rc, out, _ = _run(["plan", _job(tmp_path)], capsys)
     two = accuracy.setting_line("this mesh", (accuracy.TORCHTITAN_H100,), "megatron", rows[1:], "note")
     assert rc == 0 and " ".join(two.split()) in " ".join(out.split())  # plan's console wraps its lines
