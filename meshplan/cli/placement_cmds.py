@@ -219,7 +219,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     c = for_command(c, "launch")  # its warnings name launch --choose
     appended, appended_note = (megatron_program_args(p.config, config)
                                if program and p.config.training.framework == "megatron" else ((), ""))
-    refuse_unplanned(tuple(program or ()), appended, config)  # a planned flag the appended ones leave out
+    # a planned flag the appended ones leave out (a carried switch the plan keeps off too)
+    refuse_unplanned(tuple(program or ()), appended, config, p.config.training)
     opts = LaunchOptions(program=tuple(program or ()) + appended, rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,

@@ -20,7 +20,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.foreign import export
 from meshplan.interop.megatron import USED
-from meshplan.interop.megatron_carry import ALIASES, KEPT_UNLESS_WRITTEN
+from meshplan.interop.megatron_carry import ALIASES, KEPT_UNLESS_WRITTEN, planned_off
 from meshplan.interop.source_file import carried_source
 
 
@@ -73,13 +73,15 @@ def _value(words: tuple[str, ...], flag: str) -> str | None:
     return found
 
 
-def unplanned_flags(program: tuple[str, ...], appended: tuple[str, ...]) -> list[str]:
+def unplanned_flags(program: tuple[str, ...], appended: tuple[str, ...], off: frozenset[str] = frozenset()) -> list[str]:
     """The flags of ``program`` (in its order, once each) that meshplan reads as the plan's
     (:data:`meshplan.interop.megatron.USED`) but that the appended plan words ``appended`` do not
     set, so that Megatron-LM would run the program's: argparse keeps the last occurrence, and an
     absent flag overrides nothing. Not counted: the flags an export carries as the user gave
     them (:data:`~meshplan.interop.megatron_carry.KEPT_UNLESS_WRITTEN`: ``--ckpt-format``, the
-    precision-aware optimizer's dtypes); an alias (``--recompute-activations``, which
+    precision-aware optimizer's dtypes), unless the plan keeps one off (``off``,
+    :func:`~meshplan.interop.megatron_carry.planned_off`: ``--fp8-param-gather`` at
+    ``training.fp8_param_gather = false`` where the plan reads it); an alias (``--recompute-activations``, which
     Megatron-LM's validate_args turns into ``--recompute-granularity selective`` after parsing,
     over any value given) counts as set only where the plan writes that value.
 
@@ -87,6 +89,9 @@ def unplanned_flags(program: tuple[str, ...], appended: tuple[str, ...]) -> list
     >>> unplanned_flags(("python", "pretrain_gpt.py", "--bf16", "--sequence-parallel", "--lr", "1e-4",
     ...                  "--recompute-activations", "--ckpt-format", "torch"), plan)
     ['--sequence-parallel', '--recompute-activations']
+    >>> unplanned_flags(("python", "p.py", "--fp8-param-gather"), plan), unplanned_flags(
+    ...     ("python", "p.py", "--fp8-param-gather"), plan, frozenset({"--fp8-param-gather"}))
+    ([], ['--fp8-param-gather'])
     >>> unplanned_flags(("python", "p.py", "--recompute-activations", "--tensor-model-parallel-size=2"),
     ...                 ("--recompute-granularity", "selective", "--tensor-model-parallel-size", "8"))
     []
@@ -95,7 +100,8 @@ def unplanned_flags(program: tuple[str, ...], appended: tuple[str, ...]) -> list
     out: list[str] = []
     for w in program:
         flag = w.split("=", 1)[0]
-        if not flag.startswith("--") or flag not in USED or flag in KEPT_UNLESS_WRITTEN or flag in out:
+        if not flag.startswith("--") or flag not in USED or (flag in KEPT_UNLESS_WRITTEN and flag not in off) \
+                or flag in out:
             continue
         if flag in ALIASES and _value(appended, ALIASES[flag][0]) == ALIASES[flag][1]:
             continue
@@ -105,17 +111,19 @@ def unplanned_flags(program: tuple[str, ...], appended: tuple[str, ...]) -> list
     return out
 
 
-def refuse_unplanned(program: tuple[str, ...], appended: tuple[str, ...], config: Path) -> None:
+def refuse_unplanned(program: tuple[str, ...], appended: tuple[str, ...], config: Path, training=None) -> None:
     """A one-line ConfigError naming PROGRAM for the program's flags the plan leaves out
     (:func:`unplanned_flags`); nothing where none, or where nothing is appended (an export
-    Megatron-LM refuses: the program's flags are then the user's own).
+    Megatron-LM refuses: the program's flags are then the user's own); ``training`` (the plan's
+    TrainingSpec) gives the carried switches it keeps off (:func:`~meshplan.interop.megatron_carry.planned_off`).
 
     >>> refuse_unplanned(("python", "p.py", "--sequence-parallel"), ("--bf16",), Path("job.toml"))
     Traceback (most recent call last):
     ...
     meshplan.errors.ConfigError: PROGRAM: --sequence-parallel is a Megatron-LM flag meshplan plans, which the plan's appended flags leave out (a switch it keeps off, or an option at Megatron-LM's default): no later word undoes it, so the run would not be the plan; remove it from the program, or plan it in job.toml
     """
-    flags = unplanned_flags(program, appended) if appended else []
+    off = planned_off(training) if training is not None else frozenset()
+    flags = unplanned_flags(program, appended, off) if appended else []
     if not flags:
         return
     one = len(flags) == 1

@@ -107,8 +107,9 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
             + b["attn_pre"] + qkv_rs)
     # torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters); the
     # candidates of one search share the framework, which ``serial`` carries (torch: all True).
-    # op-level AC's replay issues neither block's closing TP collective nor the EP all-to-alls
-    # (their outputs saved: layer_timeline.replay_scatters, forward_layer), only the TP all-gathers
+    # op-level AC's replay issues no block's closing TP collective (layer_timeline.replay_scatters), only
+    # the TP all-gathers, and the EP all-to-alls only where the policy saves no all-to-all output (``op_ep``:
+    # compute.recompute.op_replays_ep, 238fa99's Qwen3 list; layer_timeline.forward_layer)
     op = c.rc == RECOMPUTE.index("op")
     op_replay = forward("br", 0.0, 0.0, e, e_out) if op_ep else forward("br", 0.0, 0.0, 0.0, 0.0)
     replay = np.where(op, op_replay, forward("br", np.where(serial, 0.0, post_mlp_tp)))
