@@ -87,7 +87,9 @@ def op_sac_policy_notes(training) -> tuple[str, ...]:
     (:attr:`~meshplan.spec.training_engines.TrainingEngines.torchtitan_v022`: 238fa99 runs etp = tp).
     Under another framework (Megatron-LM, DeepSpeed: no torchtitan model code, no op-level SAC) a value
     given is read nowhere: a :class:`~meshplan.errors.ConfigError` naming the field and the fix, not a
-    silent default. Returns no notes (the caller's tuple of config notes).
+    silent default; except "238fa99", what an unset policy plans and what ``import torchtitan`` writes (a
+    torchtitan job re-planned under another framework keeps it harmlessly). Returns no notes (the
+    caller's tuple of config notes).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> op_sac_policy_notes(TrainingSpec(global_batch=8, seq_len=16, op_sac_policy="b5bcd76", recompute="full"))
@@ -98,7 +100,7 @@ def op_sac_policy_notes(training) -> tuple[str, ...]:
     ...
     meshplan.errors.ConfigError: training.op_sac_policy: "b5bcd76" names a torchtitan revision (its op-level SAC and model code), read only under framework "torch" (here 'megatron'): remove op_sac_policy
     """
-    if training.op_sac_policy is None or training.framework == "torch":
+    if training.op_sac_policy in (None, "238fa99") or training.framework == "torch":
         return ()
     raise ConfigError("training.op_sac_policy", f"\"{training.op_sac_policy}\" names a torchtitan revision (its "
                       f"op-level SAC and model code), read only under framework \"torch\" (here "
