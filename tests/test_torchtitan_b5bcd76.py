@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan.errors import ConfigError
+
 from meshplan.compute.kernel_time import gemm_ops
 from meshplan.compute.shapes import Gemm
 from meshplan.config import config_from_dict
@@ -73,13 +75,18 @@ def test_the_three_projections_cost_the_one_gemm():
 
 def test_megatron_and_mla_unchanged_by_the_policy():
     """The revision is torchtitan's: under framework megatron the field moves nothing (Megatron-LM
-    fuses QKV at either value); the knob acts under torch at any recompute (its model code), under
-    megatron only at recompute op."""
-    a, b = (build_plan(_cfg(p, framework="megatron")) for p in ("238fa99", "b5bcd76"))
+    fuses QKV at either value: "238fa99", what import torchtitan writes, plans as unset); the knob acts
+    under torch at any recompute (its model code), under megatron only at recompute op. Since the
+    merge with style50, "b5bcd76" under megatron, read nowhere, is a one-line error naming the field
+    (spec.training_checks.op_sac_policy_notes)."""
+    a, b = (build_plan(_cfg(p, framework="megatron")) for p in ("238fa99", None))
     assert step_time(a, Overlap()).step_s == step_time(b, Overlap()).step_s
+    with pytest.raises(ConfigError, match="training.op_sac_policy") as e:
+        _cfg("b5bcd76", framework="megatron")
+    assert "\n" not in str(e.value) and "remove op_sac_policy" in str(e.value)
     t = _cfg().training
     assert t.knob_acts("op_sac_policy") == (True, "b5bcd76")
-    assert _cfg(framework="megatron").training.knob_acts("op_sac_policy") == (False, "b5bcd76")
+    assert _cfg("238fa99", framework="megatron").training.knob_acts("op_sac_policy") == (False, "238fa99")
 
 
 def test_cp_without_flex_is_infeasible_at_b5bcd76():
@@ -92,7 +99,7 @@ def test_cp_without_flex_is_infeasible_at_b5bcd76():
     assert "models/common/decoder.py:173-183" in why and "Use FlexAttention or disable CP" in why
     assert "fix: cp 1, or training.op_sac_policy = \"238fa99\"" in why and "\n" not in why
     assert build_plan(_cfg("238fa99", recompute="full", **mesh)).feasible
-    assert build_plan(_cfg(recompute="full", framework="megatron", **mesh)).feasible
+    assert build_plan(_cfg("238fa99", recompute="full", framework="megatron", **mesh)).feasible
 
 
 def test_search_offers_no_cp_at_b5bcd76():
