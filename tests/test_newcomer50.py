@@ -248,14 +248,12 @@ def test_float8_mfu_names_both_peaks(capsys):
     assert abs(bf16 - fp8 * 1979 / 989) <= 0.1
 
 
-def test_step_prints_plans_fix_line(capsys):
+def test_step_prints_plans_fix_line(capsys, tmp_path):
     """#10: the trial's ``job_skew.toml`` (its hottest expert's share raised): stage 0 peaks at 130.0 GiB > 125.8
     GiB usable, so both commands exit 1 with the reasons and the same ``fix:`` line (the knobs re-planned).
     Under b5bcd76's op-SAC lists (238fa99's Qwen3 list keeps no all-to-all output: 57.1 GiB, it fits;
     test_reserved_over_usable_warns): 130.0 GiB allocated, 130.5 GiB with buffers, read from the model."""
-    import pathlib
-    import tempfile
-    job = pathlib.Path(tempfile.mkdtemp()) / "job_skew.toml"
+    job = tmp_path / "job_skew.toml"
     job.write_text(_b5bcd76(DATA / "job_skew.toml"))
 
     def verdict(command):

@@ -78,7 +78,7 @@ def test_megatron_and_mla_unchanged_by_the_policy():
     fuses QKV at either value: "238fa99", what import torchtitan writes, plans as unset); the knob acts
     under torch at any recompute (its model code), under megatron only at recompute op. Since the
     merge with style50, "b5bcd76" under megatron, read nowhere, is a one-line error naming the field
-    (spec.training_checks.op_sac_policy_notes)."""
+    (spec.training_checks.check_op_sac_policy)."""
     a, b = (build_plan(_cfg(p, framework="megatron")) for p in ("238fa99", None))
     assert step_time(a, Overlap()).step_s == step_time(b, Overlap()).step_s
     with pytest.raises(ConfigError, match="training.op_sac_policy") as e:

@@ -78,7 +78,7 @@ def megatron_only_keys(training) -> list[str]:
     return [k for k, (value, _) in MEGATRON_ONLY.items() if getattr(training, k) is value]
 
 
-def op_sac_policy_notes(training) -> tuple[str, ...]:
+def check_op_sac_policy(training) -> None:
     """Check ``training.op_sac_policy`` against what reads it. Under framework torch something always
     does: torchtitan's op-level SAC under ``recompute = "op"``
     (:func:`meshplan.compute.recompute.op_sac_fuses_qkv`), and at every recompute the revision's model
@@ -88,20 +88,18 @@ def op_sac_policy_notes(training) -> tuple[str, ...]:
     Under another framework (Megatron-LM, DeepSpeed: no torchtitan model code, no op-level SAC) a value
     given is read nowhere: a :class:`~meshplan.errors.ConfigError` naming the field and the fix, not a
     silent default; except "238fa99", what an unset policy plans and what ``import torchtitan`` writes (a
-    torchtitan job re-planned under another framework keeps it harmlessly). Returns no notes (the
-    caller's tuple of config notes).
+    torchtitan job re-planned under another framework keeps it harmlessly).
 
     >>> from meshplan.spec.training import TrainingSpec
-    >>> op_sac_policy_notes(TrainingSpec(global_batch=8, seq_len=16, op_sac_policy="b5bcd76", recompute="full"))
-    ()
-    >>> op_sac_policy_notes(TrainingSpec(global_batch=8, seq_len=16, op_sac_policy="b5bcd76", framework="megatron",
+    >>> check_op_sac_policy(TrainingSpec(global_batch=8, seq_len=16, op_sac_policy="b5bcd76", recompute="full"))
+    >>> check_op_sac_policy(TrainingSpec(global_batch=8, seq_len=16, op_sac_policy="b5bcd76", framework="megatron",
     ...                                  sharding="zero1"))
     Traceback (most recent call last):
     ...
     meshplan.errors.ConfigError: training.op_sac_policy: "b5bcd76" names a torchtitan revision (its op-level SAC and model code), read only under framework "torch" (here 'megatron'): remove op_sac_policy
     """
     if training.op_sac_policy in (None, "238fa99") or training.framework == "torch":
-        return ()
+        return
     raise ConfigError("training.op_sac_policy", f"\"{training.op_sac_policy}\" names a torchtitan revision (its "
                       f"op-level SAC and model code), read only under framework \"torch\" (here "
                       f"{training.framework!r}): remove op_sac_policy")
