@@ -115,7 +115,8 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
             + b["mlp_pre"] + b["attn_post"]
             + gathered("attn") + cp_b + beside(o["bw_attn"], post)
             + b["attn_pre"] + qkv_rs)
-    # torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters); the
+    # compiled torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters; eager torch's
+    # does, torchtitan's early_stop=False: left out here, a lower bound still); the
     # candidates of one search share the framework, which ``serial`` carries (torch: all True).
     # op-level AC's replay issues neither block's closing TP collective nor the EP all-to-alls
     # (their outputs saved: layer_timeline.replay_scatters, forward_layer), only the TP all-gathers
