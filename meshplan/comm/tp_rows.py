@@ -98,6 +98,14 @@ def tp_rows(add, c: StageContext) -> None:
         _loss_rows(add, c)
 
 
+def _replays_whole(c: StageContext) -> bool:
+    """Whether a fully checkpointed layer's replay re-runs its closing TP collective
+    (:func:`meshplan.compute.recompute.full_ac_replays_whole`: Megatron-LM, and eager torch with
+    torchtitan's ``early_stop=False``)."""
+    kinds = framework_kernels(c.training)  # the workload's own megatron_ops and torch_eager
+    return c.training.framework == "megatron" or full_ac_replays_whole(kinds["megatron_ops"], kinds["torch_eager"])
+
+
 def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
     """(forward, backward) tp collectives of one layer, forward in issue order (backward: the
     forward's mirror, then Megatron's re-gathers with SP); ``+``: the
@@ -122,7 +130,7 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
         fwd = part + mlp  # torchtitan at ep 1: like a dense MLP
         bwd = [_MIRROR[o] for o in fwd]
         if c.layer_recomputed(c.layers.index(layer)):
-            bwd += fwd[:-1]
+            bwd += fwd if _replays_whole(c) else fwd[:-1]
         elif c.training.recompute == "op" and sp:
             bwd += [o for o in fwd if o == "all-gather"]
         return fwd, bwd
@@ -134,9 +142,7 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
         # (schedule/layer_timeline._block_backward; not where B and W are separate units)
         bwd += ["all-gather"] * (1 if moe else 2)
     if c.layer_recomputed(c.layers.index(layer)):
-        kinds = framework_kernels(c.training)  # the workload's own megatron_ops and torch_eager
-        whole = fw == "megatron" or full_ac_replays_whole(kinds["megatron_ops"], kinds["torch_eager"])
-        bwd += fwd if (moe and sp and not m.shared_experts) or whole else fwd[:-1]
+        bwd += fwd if (moe and sp and not m.shared_experts) or _replays_whole(c) else fwd[:-1]
     elif c.training.recompute == "op" and sp:
         bwd += [o for o in fwd if o == "all-gather"]
     elif c.training.recompute == "selective":  # Megatron-LM's mlp, moe, shared_experts modules
