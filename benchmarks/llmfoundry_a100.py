@@ -37,7 +37,7 @@ stage-0 kernels by kind (ms per step, every micro-batch): GEMM, attention, memor
 optimizer step, FSDP2's copies and the rest (exposed fsdp, SM sharing).
 
 **What it gives** (12 rows, 8-128 GPUs): every row but one predicted faster than published, mean
-|error| 8.9%, max +15.7% (70B on 128 A100 40GB; +14.3% for 70B on 32 A100 80GB, the largest of the
+|error| 8.8%, max +15.7% (70B on 128 A100 40GB; +14.3% for 70B on 32 A100 80GB, the largest of the
 80 GB rows); 30B on 8 GPUs -1.4%, 13B at seq 4096 +1.2%. The README's MFU of the predicted rates is
 54-71% against the published 49-64%. The checks that hold the rows to the README (NumParams equals
 meshplan's parameter count of each model by fields; the MFU formula gives each row's MFU) are in
@@ -61,8 +61,8 @@ which FSDP1 does not make on the compute stream (its fp32 gradient cast under DE
 post-backward stream; removing them raises every error). The 40 GB part's slower HBM, a what-if
 while the catalog held only the 80 GB part, is planned now (``dgx-a100-40gb``: 1.36 TB/s measured
 streaming against 1.70, the 80 GB part's GEMM and attention rates): it lowers the 40 GB rows'
-errors by 1.5-1.9 points (mean |error| of those 5 rows 12.7% -> 11.1%, of all 12 rows 9.6% ->
-8.9%), printed row by row against the same rows on ``dgx-a100`` (:func:`on_80gb`).
+errors by 1.5-1.9 points (mean |error| of those 5 rows 12.7% -> 11.0%, of all 12 rows 9.5% ->
+8.8%), printed row by row against the same rows on ``dgx-a100`` (:func:`on_80gb`).
 
 **Memory.** 30B on 8 A100 80GB at micro-batch 3 with activation checkpointing ran, but meshplan's
 timeline puts its peak at 69.9 GiB, over the 67.1 GiB usable with the default 10% reserve

@@ -188,6 +188,36 @@ dQ, dK, dV sums are fp32 (``convert_to_f32``) and the dK, dV go round the ring i
 once after the last shift. (iii) The 500 W cap on attention and float8 GEMMs: now modelled ("On the
 part" above).
 
+**Float8 tensorwise under TP, the bytes torchao moves** (pytorch/ao 6243040, June 2025, the
+torchao of the A rows; the same code at eab345c for T4/T5). Read in ``float8_tensor_parallel.py``
+(lines 47-176), ``float8_linear.py`` (``matmul_with_hp_or_float8_args``), ``float8_ops.py`` and
+``distributed_utils.py``, and torchtitan 820504e ``parallelize_llama.py`` (``apply_tp``: the three
+float8 styles; ``apply_compile``: ``fullgraph=True`` per block, so the TP hooks' casts are compiled;
+``_save_list``: ``aten.max`` saved). Already modelled and checked again: the block inputs cast on
+the sequence shard before the float8 gather (amax all-reduced over tp), the row-parallel inputs
+cast on their K shard (amax over tp), every Linear's output gradient cast in backward by
+``NoopFwToFloat8BwDynamic`` (7 a layer, amax over tp), no weight cast (FSDP2 gathers float8 with
+the precomputed scale), the transposed copies ``preprocess_addmm`` makes (weight for the data
+gradient, gathered input and gathered output gradient for the weight gradient). Two counts were
+wrong and are now as the source has them: (1) ``float8_mm`` writes its output in the original
+dtype (``output_dtype = a._orig_dtype``, ``torch._scaled_mm(out_dtype=...)``), so a float8
+GEMM's memory roofline counts ``M N`` at 2 B (:func:`meshplan.compute.gemm_points.gemm_bytes`):
+the tp-local data gradients of wk and wv (98,304 x 4,096 x 128 at 8B) 196 -> 387 us: A8 fp8tw
++16.6% -> +15.9%, async +23.7% -> +22.9%, A70 fp8tw +12.3% -> +11.8%, async +9.9% -> +9.3%, T4
++9.5% -> +9.0%, rowwise rows -0.3 to -0.7 points; (2) the SP layout copies of the float8 gathers
+(batch > 1) copy Float8Tensors, ``float8_cat`` over the uint8 ``_data`` (``float8_ops.py`` lines
+252-286): 1 B an element (:func:`meshplan.compute.float8.sp_gather_in_float8`), 805 MB instead of
+1.61 GB a copy at 8B: A8 fp8tw +15.9% -> +20.1%, async +22.9% -> +26.3%, A70 fp8tw +11.8% ->
++14.9%, async +9.3% -> +11.6%, T4 +9.0% -> +12.0%, async +17.3% -> +19.8%, T5 +23.8 / +18.5% ->
++25.6 / +20.1%: further from the published rates, as the source has it. What the float8 TP rows
+still miss is not found in the runtime's source: their predicted GEMMs are 1.80x (A8: 1218 ->
+676 ms) and 2.00x (A70: 15848 -> 7924 ms) faster than bf16, and the tp-local shapes sit where the
+catalog's H100 float8 points (S3: cubes, 1024x2145x1024, 6144x12288x12288, 802816x192x768) have
+nothing: K 512 / 1,024 (wo forward, wq data gradient), N 128-512; XLA's sm_90 GEMM tables hold
+bf16 and f32 only. DeepGEMM's block-scaled float8 on H800 (reference S5: 751 TFLOP/s at M 4,096,
+N 32,768, K 512 against 1,265-1,426 at K 7,168-16,384) shows short-K float8 GEMMs far below the
+long-K rate, but it is another kernel and GPU: not taken as a rate.
+
 **Left (not modelled; no fitted constant).** (1) The GPU: its attention at 500 W is not
 published (taken at the bf16 GEMMs' ratio, D), nor torchao's own float8 kernels there (FBGEMM's
 Triton one is). (2) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the

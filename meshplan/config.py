@@ -48,7 +48,7 @@ from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.search import SearchOptions
 from meshplan.spec.training import TrainingSpec
-from meshplan.spec.training_checks import megatron_dispatcher, torch_deepep_reason
+from meshplan.spec.training_checks import megatron_dispatcher, op_sac_policy_notes, torch_deepep_reason
 
 TABLES = ("model", "cluster", "training", "mesh")
 OPTIONAL_TABLES = ("memory", "search", "kernels", "reliability", "source")
@@ -199,6 +199,7 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         raise ConfigError("search.recompute", f"'layer' is torchtitan's per-layer selective AC, searched only where "
                           f"torchtitan runs the rows (framework \"torch\" with FSDP2; here {field} "
                           f"\"{getattr(training, field)}\"): remove it from the list")
+    notes = (*notes, *op_sac_policy_notes(training))
     return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes,
                   kernel_files=_kernel_files(data.get("kernels", {}), base),

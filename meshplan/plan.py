@@ -44,7 +44,7 @@ from meshplan.placement.assign import Placement, place
 from meshplan.placement.flags import Flag, placement_flags
 from meshplan.plan_checks import check_block_recompute, check_runnable, without_pipeline
 from meshplan.plan_moe import deepep_ep_copies, ep_span, moe_notes
-from meshplan.plan_runtime import megatron_p2p_reasons, p2p_note, run_reasons, runtime_warnings
+from meshplan.plan_runtime import dualpipev_ep_ac_reasons, megatron_p2p_reasons, p2p_note, run_reasons, runtime_warnings
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.mesh_words import derivation_words
 from meshplan.units import counted
@@ -250,7 +250,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     vpp_unknown = bool(spec.layers_per_virtual_stage) and v.stages is None  # its reason says why; no vpp to judge
     v = replace(v, reasons=v.reasons + (() if vpp_unknown else run_reasons(spec.pp_schedule, pp, v.micro_batches,
                                                                            v.vpp, t.pp_schedule_runs, t.framework)
-                                        + megatron_p2p_reasons(t, spec.pp_schedule, pp, v.vpp)),
+                                        + megatron_p2p_reasons(t, spec.pp_schedule, pp, v.vpp)
+                                        + dualpipev_ep_ac_reasons(t, spec.pp_schedule, pp, mesh.degree("ep"))),
                 notes=no_pipeline + v.notes + runtime_warnings(t, spec.pp_schedule, mesh, m)
                 + p2p_note(t, spec.pp_schedule, pp))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]

@@ -20,6 +20,7 @@ from meshplan.config import Config
 from meshplan.interop.torchtitan_tables import write_recompute
 from meshplan.mesh import resolve
 from meshplan.mesh.resolve import Mesh
+from meshplan.pipeline.dualpipev import PAIR_OVERLAP_NOT_TIMED
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.registry import reasons as schedule_reasons
 from meshplan.spec.axes.cp import megatron_cp_attention_reason
@@ -47,6 +48,36 @@ def run_reasons(schedule, pp: int, m: int, v: int, runs: int, framework: str = "
                 f"(micro_batch x dp)); use a divisor of {m}",)
     return tuple(f"each of the {runs} schedule runs (training.pp_schedule_runs): {r}"
                  for r in schedule_reasons(schedule, pp, m // runs, v, framework))
+
+
+def dualpipev_ep_ac_reasons(training, schedule, pp: int, ep: int) -> tuple[str, ...]:
+    """Why torchtitan refuses DualPipeV with ep and activation checkpointing: with pp > 1, ep > 1,
+    schedule dualpipev and ``training.pp_ep_overlap`` (its ``pipeline_parallel_expert_parallel_overlap``,
+    default true, ``job_config.py``:420 at pytorch/torchtitan e347b1e), ``get_dual_pipe_v_flag`` raises
+    NotImplementedError("Expert Parallel with DualPipeV and Activation Checkpointing cannot be used
+    together") when ``activation_checkpoint.mode`` is not none (``distributed/dual_pipe_v.py``:32-53; the
+    qwen3, deepseek_v3 and llama4 parallelizes call it before ``apply_moe_ep_tp``). The mode is the
+    export's (:func:`~meshplan.interop.torchtitan_tables.write_recompute`).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="full")
+    >>> print(dualpipev_ep_ac_reasons(t, "dualpipev", 4, 8)[0][:65])
+    framework torch: DualPipeV with ep 8 and activation checkpointing
+    >>> dualpipev_ep_ac_reasons(t.model_copy(update={"pp_ep_overlap": False}), "dualpipev", 4, 8)
+    ()
+    >>> dualpipev_ep_ac_reasons(t, "dualpipev", 4, 1), dualpipev_ep_ac_reasons(t, "zbv", 4, 8)
+    ((), ())
+    """
+    if training.framework != "torch" or pp < 2 or ep < 2 or str(schedule) != "dualpipev" or not training.pp_ep_overlap:
+        return ()
+    mode = write_recompute(training)["mode"]
+    if mode == "none":
+        return ()
+    return (f"framework torch: DualPipeV with ep {ep} and activation checkpointing (recompute {training.recompute!r}: "
+            f"torchtitan activation_checkpoint.mode = \"{mode}\"): torchtitan raises NotImplementedError (\"Expert "
+            "Parallel with DualPipeV and Activation Checkpointing cannot be used together\", distributed/"
+            "dual_pipe_v.py:32-53 at e347b1e); fix: recompute \"none\" (activation_checkpoint.mode = \"none\"), or "
+            "training.pp_ep_overlap = false (parallelism.pipeline_parallel_expert_parallel_overlap = false)",)
 
 
 def megatron_p2p_reasons(training, schedule, pp: int, vpp: int) -> tuple[str, ...]:
@@ -133,8 +164,11 @@ def runtime_warnings(training, schedule, mesh: Mesh, model=None) -> tuple[str, .
     zero1 = (ZERO1_WITHOUT_ENGINE,) if training.sharding == "zero1" and data and not training.has_zero1_engine else ()
     positions = position_warning(model, training.seq_len, training.framework) if model is not None else ()
     split_ac = split_backward_ac_warning(training, schedule, mesh.degree("pp"))
+    pair = (PAIR_OVERLAP_NOT_TIMED,) if (training.framework == "torch" and str(schedule) == "dualpipev"
+                                         and training.pp_ep_overlap and mesh.degree("pp") > 1
+                                         and mesh.degree("ep") > 1) else ()
     return positions + zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2,
-                                                                    training.reshard_after_forward) + split_ac
+                                                                    training.reshard_after_forward) + split_ac + pair
 
 
 #: What torch's split-backward (zero-bubble) schedules are reported to do with activation

@@ -206,10 +206,24 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     if not any(a in names for a in ("dp_replicate", "dp_shard", "dp")):
         return bad("the mesh has no data-parallel axis to shrink")
     where = Where(mesh, left, global_batch, micro_batch, micro_batch_reasons, sharding, getattr(evaluate, "screen", None))
-    keepers, changer, refused, screened, kind = candidates(where, pipeline, pairs)
     planned: dict[tuple, list[Proposal]] = {}
+    ranked, refused, unplanned, kind, kind_refused, top_why = _ranked(where, pipeline, pairs, evaluate, planned)
+    if not ranked:
+        return bad(*([r for r, _ in refused[:REFUSED_SHOWN] + kind_refused]
+                     or ["no data-parallel degree keeps the contract"]))
+    return _restart_on(ranked[0], ranked, refused, unplanned, (kind, kind_refused, top_why), planned, mesh, where,
+                       pipeline, dataloader_state, checkpoint, gpus_per_node, old_step, old_infeasible, old_m, base)
+
+
+def _ranked(where: Where, pipeline: Optional[PipelineRule], pairs, evaluate: Optional[Evaluator],
+            planned: dict) -> tuple:
+    """(the proposals ranked, the refused (reason, GPUs) by GPUs, the unplanned, the restart's kind
+    and its refused plans, why the top does not keep the global batch) of the candidates
+    :func:`restart_on_fewer_nodes` weighs; ``planned``: each mesh's plans, filled."""
+    global_batch, micro_batch, micro_batch_reasons = where.global_batch, where.micro_batch, where.reasons_of
+    keepers, changer, refused, screened, kind = candidates(where, pipeline, pairs)
     ranked, unplanned = rank(keepers, changer, evaluate, pairs[0], planned)
-    ranked, kind_refused = kind_ranked(ranked, kind, evaluate, mesh)  # the kind's failed plans: refused too
+    ranked, kind_refused = kind_ranked(ranked, kind, evaluate, where.mesh)  # the kind's failed plans: refused too
     unplanned = screened + unplanned
     as_configured = why_not_kept(global_batch, micro_batch, changer, micro_batch_reasons) if changer else ""
     top_why = (why_not_kept(global_batch, micro_batch, ranked[0], micro_batch_reasons)  # the kind's (kind_ranked)
@@ -217,10 +231,18 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     if changer:
         refused.append(changer_refusal(changer, as_configured, ranked, unplanned))
     refused = sorted(refused + unplanned, key=lambda r: -r[1])
-    if not ranked:
-        return bad(*([r for r, _ in refused[:REFUSED_SHOWN] + kind_refused]
-                     or ["no data-parallel degree keeps the contract"]))
-    top = ranked[0]
+    return ranked, refused, unplanned, kind, kind_refused, top_why
+
+
+def _restart_on(top: Proposal, ranked: list, refused: list, unplanned: list, kinds: tuple, planned: dict, mesh,
+                where: Where, pipeline: Optional[PipelineRule], dataloader_state: str, checkpoint: str,
+                gpus_per_node: int, old_step: Optional[tuple[float, float]], old_infeasible: str, old_m: int,
+                base: dict) -> Restart:
+    """The :class:`Restart` on the top proposal ``top`` (``kinds``: :func:`_ranked`'s kind, its
+    refused plans and why the top does not keep the global batch): what changed, the state's
+    resharding and the notes."""
+    kind, kind_refused, top_why = kinds
+    names, shape, world, left, sharding = mesh.layout.names, mesh.layout.shape, mesh.world, where.left, where.sharding
     larger = tuple(r for r, gpus in refused if gpus > top.gpus)
     smaller = [r for r, gpus in sorted(unplanned, key=lambda r: -r[1]) if gpus < top.gpus]
     old, new = dict(zip(names, shape)), dict(zip(top.names, top.shape))

@@ -80,10 +80,11 @@ MODELS = [SimpleNamespace(q_heads=q, n_kv_heads=kv, ffn=ffn, is_moe=moe, dense_l
                                                      (40, 10, 5000, True, 1, 1536, 6, 27, 5120),
                                                      (12, 12, 3072, False, 0, 0, 0, 12, 768)]]
 TRAINING = [SimpleNamespace(global_batch=gb, micro_batch=1, seq_len=s, sharding=sh, zero3_engine="fsdp2", framework=f,
-                            flash_attention=fa, op_sac_policy=rev)
-            for gb, s, sh, f, fa, rev in [(64, 4096, "zero3", "torch", True, "238fa99"),
-                                          (48, 1000, "zero1", "megatron", False, "238fa99"),
-                                          (64, 4096, "zero3", "torch", True, "b5bcd76")]]  # tt50: rule torch_cp_flex
+                            flash_attention=fa, op_sac_policy=rev, torchtitan_v022=v)
+            for gb, s, sh, f, fa, rev, v in [(64, 4096, "zero3", "torch", True, "238fa99", False),
+                                             (48, 1000, "zero1", "megatron", False, "238fa99", False),
+                                             (64, 4096, "zero3", "torch", True, "b5bcd76", False),  # tt50: torch_cp_flex
+                                             (64, 4096, "zero3", "torch", True, "238fa99", True)]]  # torchtitan <= v0.2.2: etp = tp
 
 
 @pytest.mark.parametrize("m", MODELS)
@@ -114,7 +115,8 @@ def test_a_rule_is_its_exact_reason():
     """A rule's exact text comes with its predicate: broken exactly where ``bad`` says,
     except for the exact-only reasons listed in :data:`EXACT_ONLY`."""
     t0 = SimpleNamespace(global_batch=64, micro_batch=2, seq_len=4096, vocab_pad_divisor=128, sharding="zero3",
-                         zero3_engine="fsdp2", framework="megatron", flash_attention=False, op_sac_policy="238fa99")
+                         zero3_engine="fsdp2", framework="megatron", flash_attention=False, op_sac_policy="238fa99",
+                         torchtitan_v022=False)
     tt = SimpleNamespace(**{**vars(t0), "framework": "torch", "op_sac_policy": "b5bcd76"})  # tt50: torch_cp_flex
     for rule, t in itertools.product((r for r in rules() if r.bad is not None and r.check is not None), (t0, tt)):
         for m in MODELS:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "meshplan"
 
 LAYERS = [
     ["meshplan", "meshplan.errors", "meshplan.units", "meshplan.limits", "meshplan.fileread", "meshplan.atomic_write",
-     "meshplan.fileio", "meshplan.keymap"],
+     "meshplan.output_ledger", "meshplan.fileio", "meshplan.keymap"],
     ["meshplan.spec"],
     ["meshplan.catalog"],
     ["meshplan.config", "meshplan.config_tables", "meshplan.config_toml"],

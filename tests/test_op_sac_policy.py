@@ -91,3 +91,25 @@ def test_knob_acts_under_op_or_torch():
     assert t("op").knob_acts("op_sac_policy") == (True, "b5bcd76")
     assert t("full").knob_acts("op_sac_policy") == (True, "b5bcd76")
     assert t("full", "megatron").knob_acts("op_sac_policy") == (False, "b5bcd76")
+
+
+
+def _cfg(training: dict, search: dict | None = None):
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+         "training": {"global_batch": 8, "seq_len": 1024, **training}}
+    return config_from_dict(d | ({"search": search} if search is not None else {}), require_mesh=False)
+
+
+def test_policy_acting_nowhere_is_one_line_error():
+    """op_sac_policy names a torchtitan revision: under framework torch it is read at every recompute
+    (its op-level SAC under "op"; b5bcd76's one wqkv GEMM and CP refusal, 238fa99's etp = tp: tt50,
+    nc50fix), so there no error and no note; under Megatron-LM (no torchtitan model code, no op-level
+    SAC) nothing reads it, so a value given is a one-line error naming the field and the fix."""
+    with pytest.raises(ConfigError, match="training.op_sac_policy") as e:
+        _cfg({"framework": "megatron", "sharding": "zero1", "recompute": "full", "op_sac_policy": "b5bcd76"})
+    msg = str(e.value)
+    assert "\n" not in msg and "framework \"torch\" (here 'megatron'): remove op_sac_policy" in msg
+    for training in ({"recompute": "full", "op_sac_policy": "b5bcd76"}, {"recompute": "selective", "op_sac_policy": "b5bcd76"},
+                     {"recompute": "op", "op_sac_policy": "238fa99"}):
+        assert not [n for n in _cfg(training, {"recompute": ["full"]}).notes if "op_sac_policy" in n]
+

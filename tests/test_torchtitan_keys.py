@@ -42,12 +42,14 @@ def _mixtral(etp: int, framework: str = "torch", ep: int = 4):
 
 @pytest.mark.parametrize("etp", [2, 4])
 def test_torch_etp_rule_refuses_etp_above_1_with_ep(etp):
-    """etp 2, and etp 4 = tp (which torchtitan ran before c4b409a), with ep 4 under torch:
-    infeasible with the rule's reason naming the commit and the fix."""
+    """etp 2, and etp 4 = tp (which torchtitan ran before c4b409a), with ep 4 under torch (no
+    training.op_sac_policy: the plan targets b5bcd76): infeasible with the rule's reason naming the commit and the
+    fix; for etp = tp the fix names the revision that runs it too (newcomer trial 50, #3)."""
     bad = build_plan(_mixtral(etp), memory=False, reports=False)
     assert isinstance(bad, Infeasible)
+    v022 = ", or training.op_sac_policy = \"238fa99\" (torchtitan <= v0.2.2, which runs etp = tp)" if etp == 4 else ""
     assert (f"framework torch: etp {etp} with tp 4 and ep 4: {WHOLE}; fix: etp 1 in mesh.shape, or "
-            "training.framework = \"megatron\"") in bad.reasons
+            "training.framework = \"megatron\"" + v022) in bad.reasons
 
 
 def test_torch_etp_rule_refuses_etp_1_at_ep_1_with_tp():
@@ -109,24 +111,25 @@ expert_tensor_parallel_degree = {etp}
 #: What torchtitan v0.2.2 (the job TOML's torchtitan) runs with ep > 1: ``ParallelDims._validate``,
 #: torchtitan/distributed/parallel_dims.py:58-59 at e347b1e, ``assert etp == tp or etp == 1, "Currently we
 #: only support ETP=TP or ETP=1"``; etp = tp is ``ExpertTensorParallel`` (llama4/infra/parallelize.py:578-580).
-V022 = ("torchtitan v0.2.2 runs it (ETP = TP, parallel_dims.py:58-59 at e347b1e), but meshplan plans torchtitan as "
-        f"b5bcd76, where {WHOLE}: the plan is infeasible (rule torch_etp); expert_tensor_parallel_degree = 1 plans "
-        "what both run")
+V022 = ("planned as torchtitan v0.2.2 runs it (ETP = TP, each routed expert sharded over tp: parallel_dims.py:58-59 "
+        "at e347b1e; training.op_sac_policy = \"238fa99\", the TOML-reading torchtitan); c4b409a (2026-04-30) removed "
+        f"it: {WHOLE}, so for a later torchtitan set expert_tensor_parallel_degree = 1")
 
 
 @pytest.mark.parametrize("command", ["plan", "step"])
-def test_torchtitan_file_with_etp_tp_is_infeasible_not_an_error(tmp_path, capsys, command):
+def test_torchtitan_file_with_etp_tp_plans_as_v022(tmp_path, capsys, command):
     """The users' file (ep 4, etp 4 = tp 4) is a valid v0.2.2 job TOML (etp = tp: parallel_dims.py:59
-    at e347b1e): read with a note naming the difference, then infeasible under the b5bcd76 rule
-    ``torch_etp`` (exit 1, the reason naming c4b409a), not a malformed-input error (exit 2).
+    at e347b1e): read with a note naming the difference and planned as v0.2.2 runs it (newcomer trial 50, #3:
+    the import names that torchtitan, training.op_sac_policy "238fa99"), so no ``torch_etp`` reason: a
+    feasible plan (exit 0; its peak 24.8 GiB fits an H100), not infeasible (1) nor a malformed-input error (2).
     ``search`` is left out here: it reads the file the same way and takes minutes on 2 cores."""
     job = tmp_path / "job.toml"
     job.write_text(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", ep=4, etp=4))
-    assert _main(command, job, "--cluster", "dgx-h100", "--nodes", 4) == 1
+    assert _main(command, job, "--cluster", "dgx-h100", "--nodes", 4) == 0
     out, err = capsys.readouterr()
     assert ("note: torchtitan: parallelism.expert_tensor_parallel_degree = 4 with expert_parallel_degree 4: "
             f"{V022}") in err.splitlines()
-    assert f"framework torch: etp 4 with tp 4 and ep 4: {WHOLE}" in out + err
+    assert f"framework torch: etp 4 with tp 4 and ep 4: {WHOLE}" not in out + err
     assert "error:" not in out + err
 
 

@@ -46,8 +46,9 @@ def _reason_lines(p, who: str = "") -> str:
 
 
 def test_plan_and_step_agree_on_an_infeasible_mesh(tp4_plan):
-    """step exits 1 like plan, with plan's reason; the step it prints is labelled as the one
-    the mesh would take if it fit, and is the step model's own number."""
+    """step exits 1 like plan, with plan's reason and plan's ``fix:`` line (newcomer trial 50 #10: the same
+    verdict lines); the step it prints is labelled as the one the mesh would take if it fit, and is the step
+    model's own number."""
     assert _run("plan", str(TP4)).returncode == 1
     r = _run("step", str(TP4))
     assert r.returncode == 1
@@ -57,7 +58,8 @@ def test_plan_and_step_agree_on_an_infeasible_mesh(tp4_plan):
     from meshplan.spec.accuracy import mfu_caveat
     assert r.stdout == (f"step would be {would.step_s:.3f} s ({sched}, MFU {would.mfu:.1%}) "
                         f"if it fit; it does not fit\n{mfu_caveat()}\n")  # the MFU caveat (words20's 597cc2b)
-    assert r.stderr == _reason_lines(tp4_plan)
+    plan_fix = [x for x in _run("plan", str(TP4)).stderr.splitlines() if x.startswith("fix: ")]
+    assert len(plan_fix) == 1 and r.stderr == _reason_lines(tp4_plan) + plan_fix[0] + "\n"
 
 
 def test_step_of_a_feasible_mesh_exits_0():

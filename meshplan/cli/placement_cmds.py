@@ -27,7 +27,7 @@ from meshplan.comm.nccl_check import check_log
 from meshplan.comm.nccl_log import read_nccl_log
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
-from meshplan.interop.launch_args import megatron_program_args
+from meshplan.interop.launch_args import megatron_program_args, refuse_unplanned
 from meshplan.interop.megatron_env import launch_env, script_env
 from meshplan.interop.source_file import carried_source
 from meshplan.placement.assign import rank_row
@@ -206,15 +206,11 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     for a Megatron-LM plan CUDA_DEVICE_MAX_CONNECTIONS as its validate_args asserts it, and the NCCL_*/NVTE_* exports of the launch script it was imported from). A mesh that does not fit writes nothing and exits 1. A program whose first word is a Python file
     (train.py) is refused: bind.sh execs it as a command; give -- python train.py. For a Megatron-LM plan the flags
     export --to megatron writes (with its [source]'s flags meshplan does not plan) are appended to the program, after its
-    own words (argparse keeps the last of a repeated flag), and a note says so."""
+    own words (argparse keeps the last of a repeated flag), and a note says so; a flag meshplan plans that the program
+    gives but the appended flags leave out (a switch the plan keeps off, such as --sequence-parallel) is refused, since
+    no later word would undo it."""
 
-    if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
-        check_program(tuple(program))
-    _check_nic_scope(nic_scope)
-    if out is None:  # defaults go under out/ (docs/commands.md "Outputs"); an earlier run's folder is refused, as report's file
-        out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
-    check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
-    _refuse_existing(json_path, force, "--json")
+    out = _launch_refusals(config, program, nic_scope, out, json_path, force)
     p = _load(config, topology)
     if p.mesh is None or not p.feasible:
         _write_doc(json_path, launch_doc(p, 0, [], ""), force)
@@ -223,12 +219,42 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     c = for_command(c, "launch")  # its warnings name launch --choose
     appended, appended_note = (megatron_program_args(p.config, config)
                                if program and p.config.training.framework == "megatron" else ((), ""))
+    # a planned flag the appended ones leave out (a carried switch the plan keeps off too)
+    refuse_unplanned(tuple(program or ()), appended, config, p.config.training)
     opts = LaunchOptions(program=tuple(program or ()) + appended, rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
                          partition=partition, time_limit=time_limit,
                          env=launch_env(p.config) + _script_env(config, p.config))
     written = write_launch(out, c.placement, opts, force=force)
+    _echo_launch(c, nic_scope, appended_note, written, out)
+    nodes = int(c.placement.node.max()) + 1
+    endpoint = "" if rdzv_endpoint or hosts else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
+    who = f"host {hosts} (the plan's node order)" if hosts else f"of the {nodes} node(s) NODE_RANK=<k>"
+    run = (f"on each {who}{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
+           f"sbatch {out / 'job.sbatch'}")
+    typer.echo(f"run: {run}")
+    _write_doc(json_path, launch_doc(p, nodes, _written(written), run, c), force)
+
+
+def _launch_refusals(config: Path, program: Optional[list[str]], nic_scope: str, out: Optional[Path],
+                     json_path: Optional[Path], force: bool) -> Path:
+    """launch's refusals before the planning (a Python file as the program, --nic-scope, an
+    existing script in --out or an existing --json); the --out folder, by default
+    out/launch/<CONFIG's name>."""
+    if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
+        check_program(tuple(program))
+    _check_nic_scope(nic_scope)
+    if out is None:  # defaults go under out/ (docs/commands.md "Outputs"); an earlier run's folder is refused, as report's file
+        out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
+    check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
+    _refuse_existing(json_path, force, "--json")
+    return out
+
+
+def _echo_launch(c, nic_scope: str, appended_note: str, written, out: Path) -> None:
+    """The placement's lines and warnings, the notes (rank NIC scope, the appended Megatron-LM
+    flags, a node-local --out) and the files written."""
     for line in launch_lines(c):  # the choice and the warnings place prints: never a silent permutation
         _echo(line)
     if nic_scope == "rank":
@@ -239,10 +265,3 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
         _wrote(path)
     if local_folder_note(out):  # job.sbatch finds the folder from the submit directory; the nodes must see it
         _echo(local_folder_note(out), err=True)
-    nodes = int(c.placement.node.max()) + 1
-    endpoint = "" if rdzv_endpoint or hosts else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
-    who = f"host {hosts} (the plan's node order)" if hosts else f"of the {nodes} node(s) NODE_RANK=<k>"
-    run = (f"on each {who}{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
-           f"sbatch {out / 'job.sbatch'}")
-    typer.echo(f"run: {run}")
-    _write_doc(json_path, launch_doc(p, nodes, _written(written), run, c), force)

@@ -38,6 +38,32 @@ INTERVAL_SOURCE = {"torchtitan": "checkpoint.interval", "megatron": "--save-inte
                    "": "reliability.checkpoint_interval_steps"}
 
 
+def _check_storage(write_gbps: float, read_gbps: float, rank_gbps: Optional[float], restart_overhead_s: float) -> None:
+    """The storage bandwidths (1 MB/s to 1 PB/s) and the restart overhead (up to 11.6 days), each
+    a one-line error naming its option."""
+    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
+                                                                              if rank_gbps is not None else ()):
+        check_number(name, v, 1e-3, 1e6, "GB/s", "1 MB/s to 1 PB/s: beyond every storage system, and the write "
+                     "and read times stay finite")
+    check_number("--restart-overhead-s", restart_overhead_s, 0.0, 1e6, "s", "up to 11.6 days")
+
+
+def _restart(p, lost_nodes: int, spare_nodes: int, before):
+    """The restart of plan ``p`` after losing ``lost_nodes`` (``spare_nodes`` replacing them first),
+    within what its engine runs, each mesh planned; ``before``: the plan's own step."""
+    t = p.config.training
+    pipeline, degrees = engine_rules(p)  # within what the engine runs (DeepSpeed: the data axis, pp where it can)
+    return restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
+                                  global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
+                                  micro_batch_reasons=lambda pp, m: run_reasons(p.spec.pp_schedule, pp, m, p.vpp,
+                                                                                t.pp_schedule_runs, t.framework),
+                                  pipeline=pipeline, degrees=degrees, sharding=t.sharding,
+                                  checkpoint=checkpoint_engine(t),
+                                  old_infeasible="" if p.feasible else f"infeasible: {p.reasons[0]}",
+                                  evaluate=plan_evaluator(p, p.config.cluster.nodes - max(0, lost_nodes - spare_nodes)),
+                                  old_step=(before.step_s, before.tokens_per_s))
+
+
 @foreign_options()
 def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                 write_gbps: Optional[float] = typer.Option(
@@ -69,11 +95,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
 
     defaults = [flag for flag, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) if v is None]
     write_gbps, read_gbps, restart_overhead_s, inputs = _storage_inputs(write_gbps, read_gbps, restart_overhead_s)
-    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
-                                                                              if rank_gbps is not None else ()):
-        check_number(name, v, 1e-3, 1e6, "GB/s", "1 MB/s to 1 PB/s: beyond every storage system, and the write "
-                     "and read times stay finite")
-    check_number("--restart-overhead-s", restart_overhead_s, 0.0, 1e6, "s", "up to 11.6 days")
+    _check_storage(write_gbps, read_gbps, rank_gbps, restart_overhead_s)
     asked = lost_nodes is not None  # the default scenario is a what-if: it informs, it does not fail the command
     lost_nodes = 1 if lost_nodes is None else lost_nodes
     check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
@@ -97,17 +119,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     note = [storage_default_note(p.config.cluster, defaults)] if defaults else []
     for line in ([inputs] if inputs else []) + note + r.lines():
         _echo(line)
-    t = p.config.training
-    pipeline, degrees = engine_rules(p)  # within what the engine runs (DeepSpeed: the data axis, pp where it can)
-    rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
-                                global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
-                                micro_batch_reasons=lambda pp, m: run_reasons(p.spec.pp_schedule, pp, m, p.vpp,
-                                                                              t.pp_schedule_runs, t.framework),
-                                pipeline=pipeline, degrees=degrees, sharding=t.sharding,
-                                checkpoint=checkpoint_engine(t),
-                                old_infeasible="" if p.feasible else f"infeasible: {p.reasons[0]}",
-                                evaluate=plan_evaluator(p, p.config.cluster.nodes - max(0, lost_nodes - spare_nodes)),
-                                old_step=(before.step_s, before.tokens_per_s))
+    rs = _restart(p, lost_nodes, spare_nodes, before)
     for line in rs.lines():
         _echo(line)
     _write_doc(json_path, reliability_doc(p, r, rs), force)

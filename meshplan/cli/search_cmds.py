@@ -92,6 +92,28 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     _refuse_existing(html_path, force, "--html")
     _refuse_existing(json_path, force, "--json")
+    a, b, names = _compare_sides(config_a, config_b, topology, calibration, kernels)
+    c = compare(a, b, names=names)  # refuses a different workload (model, cluster, batch ...) naming the field
+    evidence_folder(c, out, force)  # refuse an existing folder before printing the report
+    cal = _calibration(calibration, a.config.cluster)  # the header line (one cluster: compare refuses two)
+    kern = _kernels_note(a.config.cluster)
+    con = _console()
+    _print_compare(c, con)
+    for path in write_evidence(c, out, force=force, calibration=cal):
+        con.print(f"wrote {printable(str(path))}", markup=False)
+    if html_path:
+        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, _cal_note(cal, kern)), force, '--html')))}",
+                  highlight=False, markup=False)
+    _write_doc(json_path, _calibrated(compare_to_dict(c), cal), force)
+    if c.none_fit:
+        for side in (c.a,) if c.a.name == c.b.name else (c.a, c.b):  # one file given twice: its reasons once
+            _infeasible(side.plan, side.name)
+        raise typer.Exit(1)
+
+
+def _compare_sides(config_a: Path, config_b: Path, topology, calibration, kernels) -> tuple:
+    """(plan A, plan B, their names): each config planned (the topology's notes once), the same
+    measured kernel tables required of both, two files of one name told apart as -A and -B."""
     a, b = (checked(_load(c, topology, calibration=calibration, unresolved=True, kernels=kernels, quiet=c is config_b))
             for c in (config_a, config_b))  # the topology's notes once
     if [f.text for f in a.config.cluster.gpu.kernels] != [f.text for f in b.config.cluster.gpu.kernels]:
@@ -100,16 +122,17 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     names = (config_a.stem, config_b.stem)
     if names[0] == names[1] and config_a.resolve() != config_b.resolve():
         names = (f"{names[0]}-A", f"{names[1]}-B")  # two files of one name: keep the sides apart
-    c = compare(a, b, names=names)  # refuses a different workload (model, cluster, batch ...) naming the field
-    evidence_folder(c, out, force)  # refuse an existing folder before printing the report
-    cal = _calibration(calibration, a.config.cluster)  # the header line (one cluster: compare refuses two)
-    kern = _kernels_note(a.config.cluster)
+    return a, b, names
+
+
+def _print_compare(c, con) -> None:
+    """The comparison's table, GEMM basis, verdict and reasons, headroom and setting lines, and
+    each side's runtime warnings, on ``con``."""
     tab = Table(title="compare", title_justify="left")
     for col in ("quantity", c.a.name, c.b.name):
         tab.add_column(shown(col))
     for row in table_rows(c):
         tab.add_row(*(shown(x) for x in row))
-    con = _console()
     con.print(tab)
     if gemm_basis(c):
         con.print(gemm_basis(c), highlight=False, markup=False, soft_wrap=True)
@@ -125,16 +148,6 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
         for w in config_warnings(side.plan.config):
             con.print(f"warning ({shown(side.name)}): {shown(w)}", highlight=False)
-    for path in write_evidence(c, out, force=force, calibration=cal):
-        con.print(f"wrote {printable(str(path))}", markup=False)
-    if html_path:
-        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, _cal_note(cal, kern)), force, '--html')))}",
-                  highlight=False, markup=False)
-    _write_doc(json_path, _calibrated(compare_to_dict(c), cal), force)
-    if c.none_fit:
-        for side in (c.a,) if c.a.name == c.b.name else (c.a, c.b):  # one file given twice: its reasons once
-            _infeasible(side.plan, side.name)
-        raise typer.Exit(1)
 
 
 @foreign_options()
@@ -260,34 +273,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
 
     names = framework_names(framework) if framework is not None else ()
     pick = export_pick(export_rank) if export_rank is not None else None  # (row, variant letter or "")
-    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):  # before loading
-        raise ConfigError("--html" if html_path is not None else "--export",
-                          f"not with several frameworks ({framework}): search the row's framework alone, "
-                          f"--framework NAME, to write its page or export its other settings")
-    if pick is not None:
-        if out is None:
-            raise ConfigError("-o", "--export needs -o FILE")
-        if to not in FORMATS:
-            raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
-        _refuse_existing(out, force, "-o")
+    _refuse_search_options(names, pick, framework, html_path, out, to, force)  # before loading
     cfg = load_any(config, foreign.fmt, foreign.options(), require_mesh=False)
     _notes(cfg)
-    cfg = _measured_cluster(cfg, topology, calibration=calibration, kernels=kernels)
-    if top is not None:
-        check_number("--top", top, 1, 10_000)
-        cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
-    if rank_tight:
-        cfg = replace(cfg, search=cfg.search.model_copy(update={"headroom_tier": False}))
+    cfg = _search_options(_measured_cluster(cfg, topology, calibration=calibration, kernels=kernels), top, rank_tight)
     names = names or configured_names(cfg)  # --framework, else [search] frameworks
-    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
-        raise ConfigError("--html" if html_path is not None else "--export",
-                          f"not with several frameworks ({', '.join(names)}): search the row's framework alone, "
-                          f"--framework NAME, to write its page or export its other settings")
-    if len(names) == 1:
-        for note in [dropped_note(cfg, names[0])] + ([ORIGIN_NOTE] if cfg.origin == "deepspeed" else []):
-            if note:
-                _echo(f"note: {note}")
-        cfg = framework_config(cfg, names[0])  # one framework: the whole search, under its runtime
+    cfg = _one_framework(cfg, names, pick, html_path)
     if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it
         raise ConfigError("--export", f"{pick[0]} > --top {cfg.search.top}: the search lists {cfg.search.top} "
                           f"row(s); pass --top {pick[0]} or export a lower rank")
@@ -308,6 +299,55 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         result = search(cfg, progress=bar)
     result = widen(result)  # no row and [search] cp narrowed: the fastest row with every cp, for the fix
     print_search(result, _console())
+    _search_outputs(result, cfg, config, pick, to, out, force, (user, carried), json_path, html_path, (cal, kern))
+
+
+def _refuse_search_options(names: tuple, pick, framework: Optional[str], html_path: Optional[Path],
+                           out: Optional[Path], to: str, force: bool) -> None:
+    """search's option refusals before the config is read: --html or an export's variant with
+    several frameworks, --export without -o, an unknown --to, an existing -o."""
+    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
+        raise ConfigError("--html" if html_path is not None else "--export",
+                          f"not with several frameworks ({framework}): search the row's framework alone, "
+                          f"--framework NAME, to write its page or export its other settings")
+    if pick is not None:
+        if out is None:
+            raise ConfigError("-o", "--export needs -o FILE")
+        if to not in FORMATS:
+            raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+        _refuse_existing(out, force, "-o")
+
+
+def _search_options(cfg, top: Optional[int], rank_tight: bool):
+    """``cfg`` with --top and --rank-tight in its [search] options."""
+    if top is not None:
+        check_number("--top", top, 1, 10_000)
+        cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
+    if rank_tight:
+        cfg = replace(cfg, search=cfg.search.model_copy(update={"headroom_tier": False}))
+    return cfg
+
+
+def _one_framework(cfg, names: tuple, pick, html_path: Optional[Path]):
+    """``cfg`` under its one framework ``names[0]`` (its notes printed), or unchanged with several
+    (refused with --html or an export's variant)."""
+    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
+        raise ConfigError("--html" if html_path is not None else "--export",
+                          f"not with several frameworks ({', '.join(names)}): search the row's framework alone, "
+                          f"--framework NAME, to write its page or export its other settings")
+    if len(names) == 1:
+        for note in [dropped_note(cfg, names[0])] + ([ORIGIN_NOTE] if cfg.origin == "deepspeed" else []):
+            if note:
+                _echo(f"note: {note}")
+        cfg = framework_config(cfg, names[0])  # one framework: the whole search, under its runtime
+    return cfg
+
+
+def _search_outputs(result, cfg, config: Path, pick, to: str, out: Optional[Path], force: bool, source: tuple,
+                    json_path: Optional[Path], html_path: Optional[Path], notes: tuple) -> None:
+    """After the table: the routing and balance notes, the --export row (``source``: the user file
+    and the lines it carries), --json, --html, the timing line and the exit (0: a row fits)."""
+    (user, carried), (cal, kern) = source, notes
     widest = max((int(result.candidates.ep[e.index]) for e in result.top), default=1)
     if (caveat := routing_note(cfg.model, widest, cfg.training.moe_dispatcher)) is not None:  # what ep rows model
         _echo(caveat)

@@ -17,9 +17,9 @@ from meshplan.cli.common import (
     _echo,
     _in_file,
     _exit_infeasible,
+    _infeasible,
     _json_option,
     _refuse_existing,
-    _verdict_exit,
     _write_doc,
     _wrote,
 )
@@ -33,6 +33,8 @@ from meshplan.comm.calibration_notes import uncalibrated_note
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
+from meshplan.interop.keymaps import keymap_of
+from meshplan.plan_fix import memory_fix
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.ep_hint import ep_hint
@@ -147,14 +149,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     the step was timed with (the catalog's, or --kernels files laid over it, and --gemm-table's file with how many of
     the plan's GEMM shapes it timed)."""
 
-    if schedule is not None:
-        try:
-            schedule = str(parse_schedule(schedule))
-        except ValueError as e:
-            raise ConfigError("--schedule", str(e)) from None
-    if trace:
-        check_destination(trace, "--trace", force)
-    _refuse_existing(json_path, force, "--json")
+    schedule = _refuse_step_options(schedule, trace, json_path, force)
     p = _load(config, topology, calibration=calibration, fmt=foreign.fmt, opts=foreign.options(),
               kernels=kernels, schedule=schedule)  # the plan's rules judge --schedule's schedule
     refused = rule_error(p, schedule) if schedule is not None else None
@@ -173,13 +168,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     ideal_tp = overlap_tp and not p.config.training.tp_comm_overlap  # with it on, the config's model runs alone
     st = _step_with(p, _overlap(ideal_tp, no_prefetch), table, schedule)
     if not p.feasible:
-        sched = schedule_words(st.pipeline.spec.schedule, st.pipeline.spec.p)  # "no pipeline" at pp 1
-        _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
-                   f"it does not fit")
-        _echo(mfu_caveat())
-        _echo_balance(p)
-        _write_doc(json_path, {**_calibrated(step_infeasible_doc(p, st), cal), "kernels": kd}, force)
-        _verdict_exit(p)
+        _exit_would_be(p, st, json_path, {**_calibrated(step_infeasible_doc(p, st), cal), "kernels": kd}, force)
     for line in st.lines():
         _echo(line)
     _echo(mfu_caveat())  # once, under the MFU line: predicted, with the measured error by setting
@@ -190,6 +179,55 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     ideal_differs = ideal_tp and p.mesh.degree("tp") > 1
     written = _step_with(p, _overlap(False, no_prefetch), table, schedule) if ideal_differs else st
     _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled, written)
+    _echo_kernels(p, kd, use)
+
+    # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it;
+    # each is stepped as `step` steps the config with the knob set (no --overlap-tp: a hint is a setting)
+    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, None))
+    bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
+    verdict = _written_verdict(p, st, written, again, bw)
+    for line in verdict:  # a hint's settings in a foreign file's own keys
+        _echo(_in_file(p, line) if line.startswith("hint:") else line)
+    _echo_critical_path(st)
+    _print_links(p, st, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
+    if trace:
+        _wrote(st.write_trace(trace, force=force))
+    doc = _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal)
+    _write_doc(json_path, {**doc, "kernels": kd}, force)
+
+
+def _refuse_step_options(schedule: Optional[str], trace: Optional[Path], json_path: Optional[Path],
+                         force: bool) -> Optional[str]:
+    """--schedule in its canonical spelling (a one-line error for an unknown one), after refusing
+    an unwritable --trace and an existing --json before the planning."""
+    if schedule is not None:
+        try:
+            schedule = str(parse_schedule(schedule))
+        except ValueError as e:
+            raise ConfigError("--schedule", str(e)) from None
+    if trace:
+        check_destination(trace, "--trace", force)
+    _refuse_existing(json_path, force, "--json")
+    return schedule
+
+
+def _exit_would_be(p, st, json_path: Optional[Path], doc: dict, force: bool) -> None:
+    """A mesh that does not fit: the step it would take, labelled so, its --json ``doc``, exit 1."""
+    sched = schedule_words(st.pipeline.spec.schedule, st.pipeline.spec.p)  # "no pipeline" at pp 1
+    _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
+               f"it does not fit")
+    _echo(mfu_caveat())
+    _echo_balance(p)
+    _write_doc(json_path, doc, force)
+    _infeasible(p)  # plan's verdict lines: the reasons, then the knobs that bring the peak under (nc50 #10)
+    fix = memory_fix(p, keymap_of(p.config))
+    if fix:
+        _echo(fix, err=True)
+    raise typer.Exit(1)
+
+
+def _echo_kernels(p, kd: dict, use) -> None:
+    """The uncalibrated-link note, the kernels' line and a --gemm-table's line and warnings."""
     if uncalibrated_note(p.config.cluster):
         _echo(uncalibrated_note(p.config.cluster))
     _echo(kd["line"])
@@ -198,26 +236,24 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         for w in kd["gemm_table"]["warnings"]:
             _echo(f"warning: {w}", err=True)
 
-    # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it;
-    # each is stepped as `step` steps the config with the knob set (no --overlap-tp: a hint is a setting)
-    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, None))
-    bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
+
+def _written_verdict(p, st, written, again, bw) -> list[str]:
+    """The verdict and hint lines of the config as written (``written``; ``bw``: ``st``'s bubble
+    wait), headed by a note where --overlap-tp's step ``st`` is another."""
     verdict = _verdict(p, written, again, bubble_wait(written) if written is not st else bw)
     if verdict and written is not st:
         verdict = [f"note: the verdict and hint lines below are the config as written, TP blocking (step "
                    f"{written.shown_ms()['step']} ms), not --overlap-tp's whole-GEMM overlap: a hint's step is what "
                    f"step prints for the config with it set"] + verdict
-    for line in verdict:  # a hint's settings in a foreign file's own keys
-        _echo(_in_file(p, line) if line.startswith("hint:") else line)
+    return verdict
+
+
+def _echo_critical_path(st) -> None:
+    """The critical path's entries, the first 12 and last 6 of a longer one."""
     path = st.critical_path()
     _echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
     for line in (path if len(path) <= 18 else path[:12] + ["..."] + path[-6:]):
         _echo(f"  {line}")
-    _print_links(p, st, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
-    if trace:
-        _wrote(st.write_trace(trace, force=force))
-    doc = _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal)
-    _write_doc(json_path, {**doc, "kernels": kd}, force)
 
 
 def _echo_balance(p) -> None:

@@ -23,7 +23,8 @@ from meshplan.runtime.validation.validate import Options, main as validate_main
 def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mesh is scaled to each world size"),
              worlds: str = typer.Option("2,4", "--worlds", help="world sizes run in this order, e.g. 2,4,8; each "
                                         "re-sizes only the outermost data axis (ep, etp, tp, cp, pp keep theirs)"),
-             layers: int = typer.Option(2, "--layers", help="layers of the scaled-down model"),
+             layers: int = typer.Option(2, "--layers", help="layers of the scaled-down model (an explicit "
+                                        "mesh.pp_layer_split is rescaled to them in proportion, each entry >= 1)"),
              hidden_div: Optional[int] = typer.Option(None, "--hidden-div",
                                                      help="divide hidden, head_dim, ffn by N (default: to <= 256)"),
              seq_len: int = typer.Option(64, "--seq-len", help="tokens per sequence in the run"),
@@ -114,7 +115,8 @@ def _check_run_options(layers: int, seq_len: int, vocab: int, steps: int, hidden
 def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs of one workload, one mesh each"),
                    testbed: str = typer.Option(..., "--testbed", help="prefix of a `meshplan testbed up` cluster"),
                    world: int = typer.Option(8, "--world", help="ranks per mesh (nodes x ranks per node)"),
-                   layers: int = typer.Option(2, "--layers", help="layers of the scaled-down model"),
+                   layers: int = typer.Option(2, "--layers", help="layers of the scaled-down model (an explicit "
+                                              "mesh.pp_layer_split is rescaled to them in proportion)"),
                    hidden_div: int = typer.Option(64, "--hidden-div", help="divide hidden, head_dim, ffn by N"),
                    seq_len: int = typer.Option(512, "--seq-len", help="tokens per sequence in the run"),
                    vocab: int = typer.Option(128, "--vocab", help="vocabulary of the scaled-down model"),

@@ -61,10 +61,11 @@ def calibration_line(path, calib: dict[str, CalibratedLink]) -> str:
                                                           for name, c in calib.items())
 
 
-def fit_origin_lines(calib: dict[str, CalibratedLink]) -> list[str]:
+def fit_origin_lines(calib: dict[str, CalibratedLink], cluster: Optional[ClusterSpec] = None) -> list[str]:
     """Where each link class's fit came from, as the file records it (``op``, ``ranks``,
     ``points``, ``source``; its fitted run's ``[[link.<class>.curve]]``: nodes and logged sizes),
-    one line per class under :func:`calibration_line`; what the file leaves out is said so.
+    one line per class under :func:`calibration_line`; what the file leaves out is said so. ``cluster``:
+    the planned one, whose node may have no catalog NIC curve for the ops the file leaves (:func:`sets_line`).
 
     >>> curve = BusbwCurve(op="all-reduce", ranks=16, nodes=2, line_gb_per_s=40.0, sizes_bytes=[1024, 2**34],
     ...                    busbw_gb_per_s=[0.05, 36.0], source="s")
@@ -82,14 +83,24 @@ def fit_origin_lines(calib: dict[str, CalibratedLink]) -> list[str]:
         rows = f"{c.points} nccl-tests rows" if c.points is not None else "rows not recorded"
         sizes = (f"logged sizes {human_bytes(min(curve.sizes_bytes))} to {human_bytes(max(curve.sizes_bytes))}"
                  if curve is not None and curve.sizes_bytes else "size range not recorded")
-        out.append(f"  {name} fitted to {run}: {rows}, {sizes}; source: {c.source}; {sets_line(name, c)}")
+        catalog_nic = cluster is None or "nic" in cluster.node.busbw
+        out.append(f"  {name} fitted to {run}: {rows}, {sizes}; source: {c.source}; "
+                   f"{sets_line(name, c, catalog_nic)}")
     return out
 
 
-def sets_line(name: str, c: CalibratedLink) -> str:
+def sets_line(name: str, c: CalibratedLink, catalog_nic: bool = True) -> str:
     """Which collectives the ``name`` table ``c`` sets (:func:`~meshplan.comm.calibration_kinds.sets_ops`),
-    the others keeping the catalog's curves; a ``nic`` table without logged curves (a file from
+    the others keeping the catalog's curves, or with ``catalog_nic`` false (a node with no catalog NIC curve: an
+    inline node, newcomer trial 50 #8) their NIC line rate; a ``nic`` table without logged curves (a file from
     before they were written) sets every op, as it did, and says how to set each from its own run.
+
+    >>> a2a = BusbwCurve(op="all-to-all", ranks=16, nodes=2, line_gb_per_s=50.0, sizes_bytes=[2**30],
+    ...                  busbw_gb_per_s=[80.0], source="s")
+    >>> c = CalibratedLink(latency_us=32, bandwidth_gb_per_s=43.3, op="all-to-all", ranks=16, source="a", curve=[a2a])
+    >>> sets_line("nic", c, catalog_nic=False)
+    'sets all-to-all across nodes; all-reduce, all-gather, reduce-scatter and send/recv run at the NIC line rate (the node has no catalog NIC curve), an upper bound'
+
 
     >>> sets_line("nic", CalibratedLink(latency_us=20, bandwidth_gb_per_s=34.66, op="all-to-all", ranks=16, source="a"))
     'sets every op across nodes: no logged curve in the file (written before per-op calibration), so its all-to-all fit stands for all; run meshplan calibrate on the logs again to set each op from its own run'
@@ -106,6 +117,9 @@ def sets_line(name: str, c: CalibratedLink) -> str:
     rest = [o for o in (*RING_OPS, "all-to-all", "send/recv") if o not in ops]
     scaled = "send/recv" in rest and c.op in RING_OPS  # calibration_kinds.nic_curves: scaled by the fit
     rest = [o for o in rest if not scaled or o != "send/recv"]
+    if rest and not catalog_nic:
+        return (f"sets {ops_words(ops)} across nodes; {ops_words(rest)} run{'s' if len(rest) == 1 else ''} at the NIC "
+                "line rate (the node has no catalog NIC curve), an upper bound")
     return (f"sets {ops_words(ops)} across nodes" + (f"; {ops_words(rest)} stay{'s' if len(rest) == 1 else ''} on the catalog "
                                                   f"curve{'s' if len(rest) > 1 else ''}" if rest else "")
             + ("; send/recv on the catalog curve scaled by this run's busbw per NIC over the catalog's" if scaled
@@ -256,7 +270,7 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
     recorded), SI, where each fit came from (``origin``, :func:`fit_origin_lines`), the catalog
     figure each replaced on ``cluster``'s node (``replaced``, :func:`replaced_lines`) and the GPU
     warnings against ``cluster`` (:func:`gpu_warnings`); both [] without one."""
-    return {"file": str(path), "line": calibration_line(path, calib), "origin": fit_origin_lines(calib),
+    return {"file": str(path), "line": calibration_line(path, calib), "origin": fit_origin_lines(calib, cluster),
             "replaced": replaced_lines(calib, cluster) if cluster is not None else [],
             "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
                              "source": c.source, "gpu": c.gpu} for name, c in calib.items()},
@@ -310,8 +324,11 @@ def uncalibrated_note(cluster: ClusterSpec) -> Optional[str]:
     missing = []
     if node.gpus > 1 and not node.fabric.calibrated and "nvlink" not in node.busbw:
         missing.append(f"{node.fabric.name} ({node.fabric.bandwidth_gb_per_s:g} GB/s)")
+    a2a_only = "a2a" in node.busbw  # --calibration set all-to-all alone (newcomer trial 50 #8): the ring ops not
     if cluster.nodes > 1 and node.nics and "nic" not in node.busbw and not (cluster.network and cluster.network[0].calibrated):
-        missing.append(f"NIC ({node.nics[0].rate_gbit_per_s:g} Gb/s)")
+        missing.append(f"NIC ({node.nics[0].rate_gbit_per_s:g} Gb/s)" + (
+            f" for {'all-reduce, all-gather, reduce-scatter' + ('' if 'p2p' in node.busbw else ' and send/recv')} "
+            "(--calibration set all-to-all)" if a2a_only else ""))
     if not missing:
         return None
     verb = "has" if len(missing) == 1 else "have"

@@ -9,7 +9,7 @@ Each algorithm's time is :mod:`meshplan.comm.alphabeta`'s formula for it
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from meshplan.comm.alphabeta import (algorithm_time, busbw_factor, own_alpha, rank_factor, read_bytes, ring_time,
                                      steps, tree_time)
@@ -101,30 +101,63 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     elif network and ranks_per_node == 1 and "nic1" in curves:
         link = curves["nic1"]
     if op == "all-to-all" and network and nic_bandwidth_bytes_per_s and ranks_per_node and n > 1:
-        if "a2a" in curves:  # its own curve at its own fitted alpha (a ring fit's is not its), else NCCL's
-            a2a = curves["a2a"]
-            proto, scale = (own_alpha(a2a, True, latency_scale) if a2a.latency_us is not None else
-                            (NCCL_RING, 1.0 if calibrated else latency_scale))
-            return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
-                                               intra_bandwidth_bytes_per_s, scale, {**curves, "nic": a2a}, proto)
-        return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
-                                           intra_bandwidth_bytes_per_s, latency_scale,
-                                           {k: v for k, v in curves.items() if k != "nic"} if calibrated else curves,
-                                           CALIBRATED if calibrated else NCCL_RING)
+        return "pairwise", _pairwise_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
+                                          intra_bandwidth_bytes_per_s, latency_scale, curves, calibrated)
     own = calibrated and (link is None or link.calibrated)  # the fit's own run, not a scaled catalog curve
     proto = CALIBRATED if own else NCCL_RING
     best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, proto, latency_scale,
                               link))
     if n <= 1:
         return best
+    options = _switch_options(op, n, size_bytes, bandwidth_bytes_per_s, kind, nvls, latency_scale, curves, calibrated,
+                              link)
+    options += _hierarchical_options(op, n, size_bytes, bandwidth_bytes_per_s, network, latency_scale, nodes,
+                                     intra_bandwidth_bytes_per_s, curves, nccl_era, calibrated, proto, link)
+    for name, t in options:
+        if t < best[1]:
+            best = (name, t)
+    return best
+
+
+def _pairwise_time(n: int, size_bytes: float, ranks_per_node: int, nic_bandwidth_bytes_per_s: float,
+                   intra_bandwidth_bytes_per_s: float, latency_scale: float, curves: Mapping[Any, BusbwCurve],
+                   calibrated: bool) -> float:
+    """Seconds of :func:`collective_time`'s ``pairwise`` all-to-all across nodes (its docstring):
+    on the "a2a" curve at its own fitted alpha where there is one, else NCCL's latency."""
+    if "a2a" in curves:  # its own curve at its own fitted alpha (a ring fit's is not its), else NCCL's
+        a2a = curves["a2a"]
+        proto, scale = (own_alpha(a2a, True, latency_scale) if a2a.latency_us is not None else
+                        (NCCL_RING, 1.0 if calibrated else latency_scale))
+        return all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
+                               intra_bandwidth_bytes_per_s, scale, {**curves, "nic": a2a}, proto)
+    return all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
+                           intra_bandwidth_bytes_per_s, latency_scale,
+                           {k: v for k, v in curves.items() if k != "nic"} if calibrated else curves,
+                           CALIBRATED if calibrated else NCCL_RING)
+
+
+def _switch_options(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float, kind: str, nvls: bool,
+                    latency_scale: float, curves: Mapping[Any, BusbwCurve], calibrated: bool,
+                    link: Optional[BusbwCurve]) -> list[tuple[str, float]]:
+    """:func:`collective_time`'s all-reduce algorithms beside the ring on an uncalibrated path:
+    ``NVLS`` inside an NVSwitch domain with in-switch reduction, ``tree`` across nodes."""
     options = []
     if op == "all-reduce" and kind == "nvlink" and nvls and not calibrated:
         sent = busbw_factor(op, n) * size_bytes
         curve = curves.get("nvls")
         bw = bandwidth_bytes_per_s * (rank_factor(curve, n) if curve else NVLS_GAIN)
         options.append(("NVLS", algorithm_time(size_bytes, sent, NVLS_STEPS, False, bw, NVLS, latency_scale, curve, NVLS_STEPS)))
-    if op == "all-reduce" and network and not calibrated:
+    if op == "all-reduce" and kind == "network" and not calibrated:
         options.append(("tree", tree_time(n, size_bytes, bandwidth_bytes_per_s, True, latency_scale, link)))
+    return options
+
+
+def _hierarchical_options(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float, network: bool,
+                          latency_scale: float, nodes: int, intra_bandwidth_bytes_per_s: float,
+                          curves: Mapping[Any, BusbwCurve], nccl_era: str, calibrated: bool, proto,
+                          link: Optional[BusbwCurve]) -> list[tuple[str, float]]:
+    """:func:`collective_time`'s ``hierarchical`` algorithm across nodes with g = n / nodes > 1
+    ranks per node (none for ``nccl_era`` "2021"): inside the node on NVLink, across on 1/g."""
     g = n // max(nodes, 1)
     if nccl_era != "2021" and network and nodes > 1 and g > 1 and intra_bandwidth_bytes_per_s and op in ("all-reduce", "all-gather",
                                                                                   "reduce-scatter"):
@@ -133,12 +166,9 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
                           None if calibrated else link)
         local = {"all-reduce": ("reduce-scatter", "all-gather"), "all-gather": ("all-gather",),
                  "reduce-scatter": ("reduce-scatter",)}[op]
-        options.append(("hierarchical", inter + sum(ring_time(o, g, size_bytes, intra, curve=curves.get("nvlink"))
-                                                    for o in local)))
-    for name, t in options:
-        if t < best[1]:
-            best = (name, t)
-    return best
+        return [("hierarchical", inter + sum(ring_time(o, g, size_bytes, intra, curve=curves.get("nvlink"))
+                                             for o in local))]
+    return []
 
 
 def all_to_all_time(n: int, size_bytes: float, ranks_per_node: int, nic_bandwidth_bytes_per_s: float,

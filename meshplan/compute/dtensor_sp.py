@@ -17,7 +17,8 @@ scatters along dim 0 only, so torch 2.13's functional collectives rearrange (rea
   tests/test_op_sac_tp_torch.py), inductor may not (not checked); counted from batch 2 on, as
   the gather's (an under-count at batch 1 in eager runs).
 
-Each copy reads and writes the whole tensor: ``2 x tokens x hidden x bytes`` HBM traffic, where
+Each copy reads and writes the whole tensor: ``2 x tokens x hidden x bytes`` HBM traffic (``bytes``
+1 for a gather of float8 under torchao's float8 TP: :func:`meshplan.compute.float8.sp_gather_in_float8`), where
 ``tokens = micro_batch x seq_len / cp`` (the rank's full sequence after the gather). Per dense
 layer and micro-batch, per block (attention, MLP): forward one gather (the block's input) and
 one scatter (the row-parallel output); backward one gather (the output gradient, the scatter's

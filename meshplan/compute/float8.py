@@ -36,7 +36,8 @@ produced the tensor):
   Under torchao's float8 TP (sequence parallel, tp > 1) the block inputs and the row-parallel
   output gradients are cast on the rank's sequence shard before the all-gather (amax ``b``,
   cast ``b + 1``: row-major only) and the gathered float8 tensor is copied transposed for the
-  weight gradient (read 1, write 1 of the gathered tensor);
+  weight gradient (read 1, write 1 of the gathered tensor); the layout copy of each such gather
+  at batch > 1 (:mod:`meshplan.compute.dtensor_sp`) moves float8 too (:func:`sp_gather_in_float8`);
 - tensorwise, a weight: gathered in float8 (``training.fp8_all_gather``) nothing in forward and
   in backward the transposed copy (read 1, write 1); otherwise the amax (``b``), the forward
   cast (``b + 1``) and the backward's cast of the other layout (``b + 1``);
@@ -130,6 +131,35 @@ ROW_PARALLEL = ("wo", "w_down")
 #: Marks of a rowwise cast whose amax reduces over a tp-sharded dim (:func:`rowwise_tp`): an
 #: activation's (one scale per token) and a weight's (one per hidden unit), all-reduced over tp.
 TOKEN_SCALES, WEIGHT_SCALES = "token scales over tp", "weight scales over tp"
+
+
+#: The float8 Linear whose torchao TP style casts the tensor each sequence-parallel gather of a
+#: block moves, by (block, what is gathered) (:func:`sp_gather_in_float8`).
+SP_GATHER_LINEAR = {("attn", "input"): "wq", ("mlp", "input"): "w_up",
+                    ("attn", "output grad"): "wo", ("mlp", "output grad"): "w_down"}
+
+
+def sp_gather_in_float8(model, w, block: str, what: str) -> bool:
+    """Whether a sequence-parallel gather of ``block`` ("attn", "mlp") moves float8, so that its
+    layout copy at batch > 1 (:mod:`meshplan.compute.dtensor_sp`) is 1 B an element: under
+    torchao's float8 TP (:func:`float8_tp`) the block input (``what`` "input") is cast before its
+    gather (``PrepareFloat8ModuleInput``) and the row-parallel output gradient ("output grad")
+    before the backward's (``Float8RowwiseParallel``'s ``NoopFwToFloat8BwDynamic``), and the
+    ``torch.cat`` of the gathered chunks runs on the Float8Tensor: ``float8_cat`` cats the
+    ``_data`` viewed as uint8 (pytorch/ao 6243040 ``torchao/float8/float8_ops.py`` lines 252-286;
+    ``float8_tensor_parallel.py`` lines 47-176). The scatters move the bf16 outputs and input
+    gradients.
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.ops import Workload
+    >>> m, names = catalog.model("llama3-8b"), frozenset(INPUTS)
+    >>> w = Workload(seq_len=8192, micro_batch=12, tp=8, sp=True, linear_dtype="fp8", float8_gemms=names)
+    >>> sp_gather_in_float8(m, w, "attn", "input"), sp_gather_in_float8(m, w, "mlp", "output grad")
+    (True, True)
+    >>> sp_gather_in_float8(m, Workload(seq_len=8192, micro_batch=12, tp=8, sp=True), "attn", "input")
+    False
+    """
+    return applies(w) and float8_tp(model, w) and SP_GATHER_LINEAR[(block, what)] in w.float8_gemms
 
 
 def applies(w) -> bool:

@@ -15,7 +15,8 @@ Performance documentation):
   ``ceil(tiles / sms)`` waves; a partly filled last wave costs a full wave. Useful
   fraction ``tiles / (waves sms)``.
 - **Arithmetic intensity (roofline).** ``2 M N K / bytes`` with
-  ``bytes = dtype_bytes (M K + K N + M N)`` (each operand read once, output written once);
+  ``bytes = dtype_bytes (M K + K N + M N)`` (each operand read once, output written once; a
+  float8 GEMM's output in bf16, 2 B: :func:`meshplan.compute.gemm_points.gemm_bytes`);
   below the ridge point ``peak * ceiling / hbm_bandwidth`` the GEMM is memory-bound.
 - **Ceiling.** An SM that is busy runs at ``gpu.max_gemm_fraction`` of its share of the
   dense peak: the best GEMM throughput measured on that GPU (794.5 of 989.4 TFLOP/s =
@@ -55,7 +56,7 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.compute.kernel_fragment import kernel_data, overlaid
-from meshplan.compute.gemm_points import gemm_seconds
+from meshplan.compute.gemm_points import gemm_bytes, gemm_seconds
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, MAX_STRING
@@ -104,7 +105,7 @@ def compute_efficiency(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16"
 
 def _tile_time(gpu: GPUSpec, m: int, n: int, k: int, tile: tuple[int, int], dtype: str, count: int):
     t_compute, tiles, waves = _compute_time(gpu, m, n, k, tile, dtype, count)
-    nbytes = dtype_bytes(dtype) * (m * k + k * n + m * n) * count
+    nbytes = gemm_bytes(m, n, k, dtype, count)
     t_memory = nbytes / gpu.hbm_bandwidth_bytes_per_s
     return max(t_compute, t_memory), tiles, waves, nbytes, t_compute >= t_memory
 

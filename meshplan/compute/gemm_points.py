@@ -150,15 +150,36 @@ def _interpolate(pts, m: int, n: int, k: int) -> tuple[float, str]:
     return rate, f"{rate:.1f} TFLOP/s interpolated (Shepard, log2 M,N,K) from {near}"
 
 
+#: Bytes of an output element by operand dtype where the output is wider than the operands: a
+#: float8 GEMM writes the high-precision dtype (bf16). torchao's ``float8_mm`` passes
+#: ``output_dtype = a._orig_dtype`` to ``torch._scaled_mm(..., out_dtype=output_dtype)``
+#: (pytorch/ao 6243040, June 2025, ``torchao/float8/float8_ops.py`` lines 351-383 and 25-79;
+#: eab345c: ``float8_ops.py`` line 283, ``float8_python_api.py`` line 66); Transformer
+#: Engine's fp8 GEMMs also write the activation dtype.
+OUTPUT_BYTES = {"fp8": 2}
+
+
+def gemm_bytes(m: int, n: int, k: int, dtype: str, count: int = 1) -> int:
+    """HBM bytes of ``count`` (M, N, K) GEMMs, each operand read once and the output written
+    once: ``dtype`` bytes for ``M K + K N``, :data:`OUTPUT_BYTES` (else ``dtype``'s) for ``M N``.
+    A float8 GEMM of Llama 3 8B's wk data gradient at tp 8 (M 98,304 tokens, N 4,096, K 128):
+    the 805 MB bf16 output is most of its traffic.
+
+    >>> gemm_bytes(98304, 4096, 128, "fp8"), gemm_bytes(98304, 4096, 128, "bf16")
+    (818413568, 831520768)
+    """
+    return (dtype_bytes(dtype) * (m * k + k * n) + OUTPUT_BYTES.get(dtype, dtype_bytes(dtype)) * m * n) * count
+
+
 def gemm_seconds(data: KernelData, m: int, n: int, k: int, dtype: str, count: int,
                  model: Callable[[int, int, int], float]) -> tuple[float, str]:
     """Seconds of ``count`` (M, N, K) GEMMs: :func:`gemm_tflops` at ``(count M, N, K)``
     (``model``: the shape model's efficiency of one such GEMM; ``count > 1`` is a batched GEMM,
     which reads the GPU's measured head-dim ratio where it has one), no faster than the memory
-    roofline at Triad bandwidth."""
+    roofline at Triad bandwidth (:func:`gemm_bytes`: a float8 GEMM's output in bf16)."""
     rate, how = gemm_tflops(data, m * count, n, k, dtype, model, batched=count > 1)
     t_compute = 2.0 * m * n * k * count / (rate * TFLOPS)
-    t_memory = dtype_bytes(dtype) * (m * k + k * n + m * n) * count / data.stream_bytes_per_s
+    t_memory = gemm_bytes(m, n, k, dtype, count) / data.stream_bytes_per_s
     if t_memory > t_compute:
         return t_memory, how + f"; memory-bound at {data.stream_bytes_per_s / 1e12:.2f} TB/s (Triad)"
     return t_compute, how

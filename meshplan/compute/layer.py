@@ -170,7 +170,17 @@ def sp_layout_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]
         return []
     names = {g.name for g in gemms}
     blocks = tuple(b for b, g in (("attn", ("wq", "qkv")), ("mlp", ("w_up",))) if names & set(g))
-    size = dtensor_sp.copy_bytes(w.tokens, model.hidden, dtype_bytes(w.dtype))
     gathers = not any(_cast_after_gather(w, g) for g in ("wq", "qkv", "w_up"))
-    return [memory_op(gpu, name, block, phase, size)
-            for name, block, phase in dtensor_sp.copies(blocks, w.async_tp == "torch", gathers)]
+    return [memory_op(gpu, name, block, phase, dtensor_sp.copy_bytes(w.tokens, model.hidden, _sp_copy_dtype_bytes(
+        model, w, name, block, phase))) for name, block, phase in dtensor_sp.copies(blocks, w.async_tp == "torch", gathers)]
+
+
+def _sp_copy_dtype_bytes(model: ModelSpec, w: Workload, name: str, block: str, phase: str) -> int:
+    """Bytes an element of the tensor an SP layout copy moves: 1 for a gather of float8
+    (:func:`meshplan.compute.float8.sp_gather_in_float8`: the forward's input, the backward's
+    output gradient, async TP's returned gathered input), else the compute dtype's."""
+    if "gather" in name:
+        what = "input" if phase == "forward" or "gathered input" in name else "output grad"
+        if float8.sp_gather_in_float8(model, w, block, what):
+            return 1
+    return dtype_bytes(w.dtype)

@@ -354,7 +354,7 @@ def framework_kernels(training) -> dict:
             "sp_layout_copies": not megatron, "torch_ring_attention": training.cp_ring,
             "te_ring_attention": training.cp_p2p, "framework": training.framework,
             "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask,
-            "op_sac_policy": training.op_sac_policy,
+            "op_sac_policy": training.op_sac,
             "shared_beside_combine": training.framework == "torch" and training.moe_dispatcher == "deepep",
             "no_grad_bda": megatron and not training.megatron_core and training.pp_engine != "deepspeed"
             and zero_runtime(training) != DEEPSPEED}

@@ -221,9 +221,9 @@ def op_replays_ep(model: ModelSpec, training) -> bool:
     all-to-alls again: :func:`op_sac_saves_all_to_all` false for ``model`` and the training's
     ``op_sac_policy``. The one rule of the timeline (``Workload.op_replays_ep``), the collective
     table (:func:`meshplan.comm.ep_rows.ep_rows`), the kept activations
-    (:mod:`meshplan.memory.workingset`) and the search's bound (:mod:`meshplan.search.layer_bounds`)."""
+    (:mod:`meshplan.memory.workingset`) and the search's bound (:mod:`meshplan.search.layer_chains`)."""
     return training.recompute == "op" and model.is_moe and not op_sac_saves_all_to_all(
-        training.op_sac_policy, model.is_mla, bool(model.shared_experts))
+        training.op_sac, model.is_mla, bool(model.shared_experts))
 
 
 def layer_mms(model: ModelSpec, moe: bool, policy: str = "238fa99") -> tuple[str, ...]:

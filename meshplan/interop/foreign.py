@@ -317,7 +317,8 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         body = dumps(written)
         again = torchtitan.read(tomllib.loads(body), Path("."), opts, torchtitan_write.flavors_back(cfg))
     elif to == "megatron":
-        args, kept = megatron_carry.carried(user.doc, megatron.write(cfg)) if user is not None and user.fmt == to \
+        off = megatron_carry.planned_off(cfg.training)  # a carried switch the plan keeps off is dropped
+        args, kept = megatron_carry.carried(user.doc, megatron.write(cfg), off) if user is not None and user.fmt == to \
             else (megatron.write(cfg), [])
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")

@@ -16,7 +16,7 @@ from meshplan.interop.common import rewritten
 from meshplan.interop.megatron import USED
 from meshplan.interop.megatron_attention import FLAG as ATTENTION, written_attention
 from meshplan.interop.megatron_flags import FSDP_CKPT
-from meshplan.interop.megatron_precision import FLAGS as PRECISION_FLAGS
+from meshplan.interop.megatron_precision import FLAGS as PRECISION_FLAGS, FP8PG
 
 #: Megatron-LM switches that only set another flag -> that flag and its value
 #: (megatron/training/arguments.py ``validate_args``: ``if args.recompute_activations:
@@ -36,6 +36,24 @@ ALIASES = {"--recompute-activations": ("--recompute-granularity", "selective")}
 KEPT_UNLESS_WRITTEN = ("--ckpt-format", *sorted(PRECISION_FLAGS))
 
 
+def planned_off(training) -> frozenset[str]:
+    """The :data:`KEPT_UNLESS_WRITTEN` flags the plan reads and keeps off, which an export must not
+    carry from the user's file (:func:`carried`) nor ``launch`` let its program give
+    (:func:`meshplan.interop.launch_args.unplanned_flags`): ``--fp8-param-gather`` where the import
+    plans it (Transformer Engine's fp8 linears under framework megatron with the distributed
+    optimizer, sharding zero1: :func:`meshplan.interop.megatron_precision.fp8_param_gather_keys`)
+    and ``training.fp8_param_gather`` is false. Elsewhere (an FSDP, no ``--fp8-format``) the
+    plan does not read the switch and the user's is carried as given.
+
+    >>> from types import SimpleNamespace as S
+    >>> t = S(framework="megatron", linear_dtype="fp8", sharding="zero1", fp8_param_gather=False)
+    >>> planned_off(t), planned_off(S(**{**vars(t), "fp8_param_gather": True})), planned_off(S(**{**vars(t), "sharding": "zero3"}))
+    (frozenset({'--fp8-param-gather'}), frozenset(), frozenset())
+    """
+    reads = training.framework == "megatron" and training.linear_dtype == "fp8" and training.sharding == "zero1"
+    return frozenset({FP8PG}) if reads and not training.fp8_param_gather else frozenset()
+
+
 def not_planned(user: dict) -> list[str]:
     """The flags of the user's parsed arguments (:func:`meshplan.interop.megatron.parse_args`)
     that meshplan does not read, in the file's order.
@@ -46,7 +64,7 @@ def not_planned(user: dict) -> list[str]:
     return [f for f in user if f not in USED]
 
 
-def carried(user: dict, written: list[str]) -> tuple[list[str], list[str]]:
+def carried(user: dict, written: list[str], off: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """(``written`` with :func:`not_planned`'s flags appended as the user gave them, those
     flags): a switch bare, a value quoted for the shell where it needs it; the user's
     ``--attention-backend`` too where it agrees with the plan, in place of the writer's flag for
@@ -55,17 +73,20 @@ def carried(user: dict, written: list[str]) -> tuple[list[str], list[str]]:
     >>> carried({"--num-layers": "32", "--lr": "3e-4", "--data-path": "a b"}, ["--num-layers 4"])
     (['--num-layers 4', '--lr 3e-4', "--data-path 'a b'"], ['--lr', '--data-path'])
 
-    and the user's :data:`KEPT_UNLESS_WRITTEN` flags where ``written`` has none of its own:
+    and the user's :data:`KEPT_UNLESS_WRITTEN` flags where ``written`` has none of its own and the
+    plan does not keep them off (``off``, :func:`planned_off`):
 
     >>> carried({"--ckpt-format": "torch_dist", "--async-save": True}, ["--num-layers 4"])[0]
     ['--num-layers 4', '--ckpt-format torch_dist', '--async-save']
     >>> carried({"--ckpt-format": "torch_dist"}, ["--ckpt-format fsdp_dtensor"])[1]
     []
+    >>> carried({"--fp8-param-gather": True}, ["--num-layers 4"], frozenset({"--fp8-param-gather"}))[1]
+    []
     """
     written, backend = written_attention(user, written)  # the user's --attention-backend says it once
     own = {w.split()[0] for w in written}
     kept = [f for f in user if f not in USED or (backend and f == ATTENTION) or (
-        f in KEPT_UNLESS_WRITTEN and f not in own and user[f] != FSDP_CKPT)]
+        f in KEPT_UNLESS_WRITTEN and f not in own and f not in off and user[f] != FSDP_CKPT)]
     return written + [f if user[f] is True else f"{f} {shlex.quote(str(user[f]))}" for f in kept], kept
 
 

@@ -30,6 +30,8 @@ def differences(a: Config, b: Config) -> list[str]:
     out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
     # reshard_after_forward unset as each mesh's pp resolves it (TrainingSpec.at_pp): unset and false under pp agree
     ta, tb = (_routed(c.training.at_pp(resolved(c).degree("pp")), a.model.is_moe) for c in (a, b))
+    # op_sac_policy as planned (TrainingSpec.op_sac): unset and a torchtitan import's "238fa99" plan the same SAC
+    ta["op_sac_policy"], tb["op_sac_policy"] = a.training.op_sac, b.training.op_sac
     out += [f"training.{k}: {ta[k]!r} -> {tb[k]!r}" for k in ta if ta[k] != tb[k]]
     if a.training.gradient_reduce_dtype != b.training.gradient_reduce_dtype:
         out.append(f"training.grad_reduce_dtype: {a.training.gradient_reduce_dtype!r} -> "

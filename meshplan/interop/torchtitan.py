@@ -54,8 +54,11 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
+parallelism.pipeline_parallel_expert_          training.pp_ep_overlap (DualPipeV with ep: the pairs'
+  parallel_overlap                               overlap; with AC torchtitan raises: infeasible)
 parallelism.expert_parallel_comm_backend       training.moe_dispatcher "deepep" (standard: alltoall;
-                                                 :mod:`~meshplan.interop.torchtitan_ep`)
+                                                 deepseek_v3 and llama4 only, ignored with a note
+                                                 for qwen3: :mod:`~meshplan.interop.torchtitan_ep`)
 compile.enable (+ components model, loss)      training.torch_compile (default off: eager);
                                                  components ["model"]: torch_compile_loss false;
                                                  memory.cross_entropy "torch" (the eager loss's
@@ -156,7 +159,8 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
         "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components", "training.max_norm",
         "model.norm_type", "optimizer.name", "optimizer.implementation", "optimizer.fused",
-        "parallelism.context_parallel_rotate_method", "parallelism.expert_parallel_comm_backend"} | \
+        "parallelism.context_parallel_rotate_method", "parallelism.expert_parallel_comm_backend",
+        "parallelism.pipeline_parallel_expert_parallel_overlap"} | \
     {f"parallelism.{k}" for k in DEGREES}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
@@ -261,11 +265,14 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
                 # and [norm, output] (tied: the one end unit) resharded only under "always"
                 "reshard_head_after_forward": policy == "always" and fsdp,
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
+    if par.get("pipeline_parallel_expert_parallel_overlap", True) is not True:  # default true (job_config.py:420)
+        training["pp_ep_overlap"] = bool(par["pipeline_parallel_expert_parallel_overlap"])
     if policy != "default":  # "default" (not pp_enabled) left unset: TrainingSpec.reshard_default, per mesh
         training["reshard_after_forward"] = policy == "always"
     if deg["pp"] > 1 and accum > 1:
         training["pp_schedule_runs"] = accum
     training |= read_recompute(d, deg, model_is_mla(model), notes)
+    training["op_sac_policy"] = "238fa99"  # a job TOML is torchtitan <= v0.2.2 (TrainingSpec.torchtitan_v022)
     training |= read_compile(d.get("compile", {}), notes)
     if training["tp_comm_overlap"] and not training["torch_compile"]:
         raise ConfigError("parallelism.enable_async_tensor_parallel", "torchtitan raises \"Async TP requires "
@@ -338,7 +345,8 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)
-    tables["training"] |= read_backend(par, model_is_moe(model), notes)
+    family = str(d.get("model", {}).get("name", "llama3"))  # torchtitan's default model.name
+    tables["training"] |= read_backend(par, model_is_moe(model), notes, family)
     checkpoint, saved = read_checkpoint(d)
     tables |= {"reliability": checkpoint} if checkpoint else {}
     unused = tuple(k for k in flatten(d) if k not in USED | used | saved)

@@ -9,9 +9,19 @@ dispatcher calls (:mod:`meshplan.comm.deepep`): ``moe_dispatcher = "deepep"``. "
 kernels for GB200 NVL72, 156db2e) and "minimal_async_ep" came later, with the Python configs'
 ``moe_comm_backend``: a job TOML that names them is one no torchtitan reads, and meshplan models neither.
 
->>> read_backend({"expert_parallel_comm_backend": "deepep"}, True, [])
+Only two model families read the key (:data:`DEEPEP_FAMILIES`): at e347b1e
+``torchtitan/models/deepseek_v3/infra/parallelize.py``:99-134 and ``models/llama4/infra/parallelize.py``:113-148
+test ``expert_parallel_comm_backend == "deepep"`` and pass ``use_deepep`` to ``apply_moe_ep_tp`` (and
+deepseek_v3's ``model/args.py``:116 builds ``DeepEPMoE`` from it); ``models/qwen3/infra/parallelize.py``:108-118
+and ``models/gpt_oss/infra/parallelize.py``:106 call their ``apply_moe_ep_tp`` without it, so a qwen3 job runs
+the standard all-to-all whatever the key says. The family is ``[model] name`` (torchtitan's model registry key,
+the one :func:`~meshplan.interop.torchtitan_flavors.read_model` reads).
+
+>>> read_backend({"expert_parallel_comm_backend": "deepep"}, True, [], "deepseek_v3")
 {'moe_dispatcher': 'deepep'}
->>> read_backend({}, True, [])
+>>> read_backend({"expert_parallel_comm_backend": "deepep"}, True, [], "qwen3")
+{}
+>>> read_backend({}, True, [], "deepseek_v3")
 {}
 >>> write_backend("deepep")
 {'expert_parallel_comm_backend': 'deepep'}
@@ -26,12 +36,15 @@ KEY = "expert_parallel_comm_backend"
 #: The backends of later torchtitan (Python configs, ``moe_comm_backend``), with what each runs.
 LATER = {"hybridep": "HybridEP's TMA kernels for GB200 NVL72 (torchtitan 156db2e, 2026-03-11)",
          "minimal_async_ep": "MinimalAsyncEP (torchtitan's Python configs)"}
+#: torchtitan model families (``[model] name``) whose parallelize reads the key at e347b1e (module docstring).
+DEEPEP_FAMILIES = ("deepseek_v3", "llama4")
 
 
-def read_backend(par: dict, moe: bool, notes: list[str]) -> dict:
+def read_backend(par: dict, moe: bool, notes: list[str], family: str) -> dict:
     """``training`` keys of ``[parallelism] expert_parallel_comm_backend`` (module docstring): deepep ->
-    ``{"moe_dispatcher": "deepep"}`` (with a note where the model has no experts: torchtitan ignores it);
-    "standard" or absent -> ``{}``; another value a ConfigError naming the key."""
+    ``{"moe_dispatcher": "deepep"}`` for a ``family`` (``[model] name``) of :data:`DEEPEP_FAMILIES`; ``{}``
+    with a note where torchtitan ignores it (a model without experts, or another family: the standard
+    all-to-all planned); "standard" or absent -> ``{}``; another value a ConfigError naming the key."""
     value = par.get(KEY)
     if value is None or value == "standard":
         return {}
@@ -45,6 +58,12 @@ def read_backend(par: dict, moe: bool, notes: list[str]) -> dict:
         notes.append(f"parallelism.{KEY} = \"deepep\" on a model without experts: no effect (torchtitan: \"No effect "
                      "for non-MoE models\")")
         return {}
+    if family not in DEEPEP_FAMILIES:
+        notes.append(f"parallelism.{KEY} = \"deepep\" is ignored for model {printable(family)[:40]}: torchtitan's "
+                     f"{printable(family)[:40]} parallelize never passes it to apply_moe_ep_tp (only "
+                     f"{' and '.join(DEEPEP_FAMILIES)} read it: e347b1e models/qwen3/infra/parallelize.py:108-118, "
+                     "models/deepseek_v3/infra/parallelize.py:99-134): planned with the standard all-to-all")
+        return {}
     return {"moe_dispatcher": "deepep"}
 
 
@@ -57,8 +76,9 @@ def write_backend(moe_dispatcher: str) -> dict:
 def read_etp(par: dict, deg: dict[str, int], notes: list[str]) -> None:
     """``parallelism.expert_tensor_parallel_degree`` (e347b1e's ``job_config.py``:464, v0.2.2; c4b409a
     removed it: :data:`~meshplan.spec.axes.ep.TORCH_ETP`). With ep > 1, v0.2.2 runs etp 1 or tp
-    (``parallel_dims.py``:58-59 at e347b1e), another etp a ConfigError; etp = tp is read, with a note:
-    meshplan plans torch as b5bcd76, so the plan is infeasible (rule ``torch_etp``). At ep 1 it is read
+    (``parallel_dims.py``:58-59 at e347b1e), another etp a ConfigError; etp = tp is read, with a note, and
+    planned as v0.2.2 runs it (the import names that torchtitan: ``training.op_sac_policy = "238fa99"``,
+    :attr:`~meshplan.spec.training.TrainingSpec.torchtitan_v022`; rule ``torch_etp`` accepts it). At ep 1 it is read
     as tp (the experts over tp there), with a note; else as it is, with a note naming c4b409a.
 
     >>> read_etp({"expert_tensor_parallel_degree": 2}, {"ep": 4, "etp": 2, "tp": 4}, [])
@@ -79,10 +99,11 @@ def read_etp(par: dict, deg: dict[str, int], notes: list[str]) -> None:
                      f"{tp}, the tp degree: {TORCH_ETP_EP1}")
         deg["etp"] = etp = tp
     if ep > 1 and etp > 1:
-        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} with expert_parallel_degree {ep}: torchtitan "
-                     f"v0.2.2 runs it (ETP = TP, parallel_dims.py:58-59 at e347b1e), but meshplan plans torchtitan as "
-                     f"b5bcd76, where {TORCH_ETP}: the plan is infeasible (rule torch_etp); "
-                     "expert_tensor_parallel_degree = 1 plans what both run")
+        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} with expert_parallel_degree {ep}: planned as "
+                     f"torchtitan v0.2.2 runs it (ETP = TP, each routed expert sharded over tp: parallel_dims.py:58-59 "
+                     f"at e347b1e; training.op_sac_policy = \"238fa99\", the TOML-reading torchtitan); c4b409a "
+                     f"(2026-04-30) removed it: {TORCH_ETP}, so for a later torchtitan set "
+                     "expert_tensor_parallel_degree = 1")
         return
     notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan up to v0.2.2 "
                  "reads the key (meshplan export keeps it); c4b409a (#3167, 2026-04-30) removed it with expert "

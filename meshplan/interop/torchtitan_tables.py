@@ -88,7 +88,7 @@ def read_recompute(d: dict, deg: dict[str, int], mla: bool, notes: list[str]) ->
     :func:`meshplan.compute.recompute.op_sac_mms` says), so a mesh outside that (:func:`op_limits`
     of ``deg``, the cp degree) is planned with Megatron-LM's selective recompute, with a note;
     ``mla`` is not read (kept for the callers). A job TOML is torchtitan <= v0.2.2 (e347b1e), whose
-    ``_apply_op_sac`` and save lists are 238fa99's: ``op_sac_policy`` stays its default "238fa99"
+    ``_apply_op_sac`` and save lists are 238fa99's: the import sets ``op_sac_policy = "238fa99"``
     (:func:`meshplan.compute.recompute.op_sac_fuses_qkv`; b5bcd76's Python configs are refused)."""
     ac = d.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")

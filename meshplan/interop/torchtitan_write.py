@@ -16,7 +16,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan import DEGREES
 from meshplan.interop.torchtitan_custom import Flavor, llama3_flavor, not_llama3, written_flavors
-from meshplan.interop.torchtitan_ep import write_backend
+from meshplan.interop.torchtitan_ep import DEEPEP_FAMILIES, write_backend
 from meshplan.interop.torchtitan_flavors import flavor_of, flavor_refusal
 from meshplan.interop.torchtitan_float8 import write_float8
 from meshplan.interop.torchtitan_hf import hf_flavor, hf_note, hf_refusal
@@ -90,7 +90,8 @@ def write(cfg: Config) -> dict[str, dict]:
     par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items() if a != "etp" or etp_on}
     par |= {"fsdp_reshard_after_forward": reshard_policy(t, pp),
             "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
-            "enable_async_tensor_parallel": t.tp_comm_overlap} | write_backend(t.moe_dispatcher)
+            "enable_async_tensor_parallel": t.tp_comm_overlap} | write_backend(t.moe_dispatcher) | (
+        {} if t.pp_ep_overlap else {"pipeline_parallel_expert_parallel_overlap": False})
     if pp > 1:
         par |= {"pipeline_parallel_schedule": WRITTEN_SCHEDULES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
@@ -237,6 +238,11 @@ def write_notes(cfg: Config, recompute_noted: bool = False) -> list[str]:
     out += [f"note: training.op_sac_policy \"b5bcd76\" plans torchtitan b5bcd76's op-level SAC (one wqkv mm, saved "
             f"whole); the torchtitan <= v0.2.2 this file is for saves wq and wv and recomputes wk (238fa99's policy, "
             f"meshplan's default)"] if t.recompute == "op" and t.op_sac_policy == "b5bcd76" and not cfg.model.is_mla else []
+    family = model_table(cfg).get("name", "llama3") if t.moe_dispatcher == "deepep" and cfg.model.is_moe else None
+    out += [f"note: expert_parallel_comm_backend = \"deepep\" is written, but torchtitan's {family} parallelize ignores "
+            f"it (only {' and '.join(DEEPEP_FAMILIES)} read it, e347b1e): this file runs the standard all-to-all, "
+            f"which meshplan plans with training.moe_dispatcher = \"alltoall\""] \
+        if family is not None and family not in DEEPEP_FAMILIES else []
     if t.recompute != "selective" or recompute_noted:
         return out
     written = write_recompute(t)["mode"]
@@ -357,7 +363,7 @@ def etp_note(par: dict) -> list[str]:
     >>> etp_note({"expert_parallel_degree": 4})
     []
     >>> print(etp_note({"expert_parallel_degree": 4, "tensor_parallel_degree": 4, "expert_tensor_parallel_degree": 4})[0])
-    note: expert_tensor_parallel_degree = 4 (= tp, ep 4): torchtitan v0.2.2 shards each routed expert over etp too (ExpertTensorParallel: parallel_dims.py:58-59, llama4/infra/parallelize.py:578-580 at e347b1e), where b5bcd76 has no ETP (c4b409a removed it) and meshplan plans framework torch as b5bcd76, so `plan` of this file is infeasible (rule torch_etp): set etp 1 in [mesh] for a file both run
+    note: expert_tensor_parallel_degree = 4 (= tp, ep 4): torchtitan v0.2.2 shards each routed expert over etp too (ExpertTensorParallel: parallel_dims.py:58-59, llama4/infra/parallelize.py:578-580 at e347b1e), where b5bcd76 has no ETP (c4b409a removed it); `plan` of this file plans v0.2.2's (its import names that torchtitan: training.op_sac_policy = "238fa99"): set etp 1 for a file a torchtitan after c4b409a runs too
     """
     etp = par.get("expert_tensor_parallel_degree", 1)
     if etp == 1:
@@ -365,8 +371,9 @@ def etp_note(par: dict) -> list[str]:
     return [f"note: expert_tensor_parallel_degree = {etp} (= tp, ep {par['expert_parallel_degree']}): torchtitan "
             "v0.2.2 shards each routed expert over etp too (ExpertTensorParallel: parallel_dims.py:58-59, "
             "llama4/infra/parallelize.py:578-580 at e347b1e), "
-            "where b5bcd76 has no ETP (c4b409a removed it) and meshplan plans framework torch as b5bcd76, so `plan` "
-            "of this file is infeasible (rule torch_etp): set etp 1 in [mesh] for a file both run"]
+            "where b5bcd76 has no ETP (c4b409a removed it); `plan` of this file plans v0.2.2's (its import names that "
+            "torchtitan: training.op_sac_policy = \"238fa99\"): set etp 1 for a file a torchtitan after c4b409a "
+            "runs too"]
 
 
 def _no_schedule(cfg: Config) -> str:

@@ -387,4 +387,4 @@ def layer_options(mesh: Mesh, training: TrainingSpec, checkpointed: bool = False
     split = local_split(mesh)
     return dict(tp=split[Dim.HEADS], sp=mesh.sequence_parallel, cp=split[Dim.SEQUENCE],
                 recompute=rc, flash=training.flash_attention, framework=training.framework,
-                cp_kv=saves_gathered_kv(training, split[Dim.SEQUENCE]), op_sac_policy=training.op_sac_policy)
+                cp_kv=saves_gathered_kv(training, split[Dim.SEQUENCE]), op_sac_policy=training.op_sac)

@@ -123,7 +123,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
     tp, cp, sp = mesh.degree("tp"), mesh.degree("cp"), mesh.sequence_parallel
     kw = dict(tp=tp, sp=sp, cp=cp, flash=training.flash_attention, framework=training.framework,
               cp_kv=saves_gathered_kv(training, cp), parts=layer_parts(training.recompute_modules, False, model.is_mla),
-              op_sac_policy=training.op_sac_policy)
+              op_sac_policy=training.op_sac)
     full, none = (layer_bytes(dims, recompute=rc, **kw) for rc in ("full", "none"))
     if training.recompute == "layer":  # torchtitan per-layer AC: 1 in ac_freq layers checkpointed, on average
         k = training.ac_freq

@@ -65,3 +65,28 @@ def tight_warning(name: str, peak_bytes: float, usable_bytes: float, fragmentati
     frac = f"{ALLOCATOR_FRAGMENTATION:.0%}"
     return (f"warning ({name}): {words} at [memory] fragmentation_fraction {fragmentation_fraction:.0%}; "
             f"{FRAGMENTATION_SOURCE}, and search lists such a mesh after those that keep {frac} free")
+
+
+def retry_warning(name: str, timelines) -> str:
+    """The ``warning (NAME): ...`` line of a mesh whose verdict fits (every stage's peak incl. communication
+    buffers within usable memory) while the caching allocator's simulated reserved peak plus the communication
+    buffers (:meth:`~meshplan.memory.timeline.Timeline.reserved_memory`, :mod:`meshplan.memory.reserved`) of
+    some stage exceeds it: there a ``cudaMalloc`` fails, the allocator frees its cached blocks and retries
+    (torch 2.13 ``torch/cuda/memory.py`` ``memory_stats``: ``num_alloc_retries``, "failed cudaMalloc calls that
+    result in a cache flush and retry"), which synchronises the device and slows those steps: the run goes on,
+    slower, rather than out of memory (newcomer trial 50 #7: plan, memory and the page said "fits" alone).
+    "" where no stage's reserved bytes exceed usable, or under ``[memory] reserved_verdict`` (the verdict holds
+    them then). The stage of the largest excess is named; ``timelines``: the plan's, one per stage."""
+    over = [(tl.reserved_memory().device_bytes - tl.usable_bytes, tl) for tl in timelines
+            if tl.reserved is None and tl.fits]
+    over = [(x, tl) for x, tl in over if x > 0]
+    if not over:
+        return ""
+    _, tl = max(over, key=lambda o: o[0])
+    r = tl.reserved_memory()
+    return (f"warning ({name}): fits at its peak incl. communication buffers ({tl.peak.total_bytes / GiB:.1f} GiB on "
+            f"stage {tl.stage}), but the caching allocator's reserved peak, simulated, {r.reserved_bytes / GiB:.1f} GiB "
+            f"+ {r.untracked_bytes / GiB:.1f} GiB communication buffers = {r.device_bytes / GiB:.1f} GiB exceeds the "
+            f"usable {tl.usable_bytes / GiB:.1f} GiB: there a cudaMalloc fails and the allocator frees its cached "
+            f"blocks and retries (torch.cuda.memory_stats num_alloc_retries), slower steps, not an OOM; "
+            f"[memory] reserved_verdict = true holds the reserved peak instead")

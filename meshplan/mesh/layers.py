@@ -53,6 +53,8 @@ def stage_layers(layers: int, pp: int, vpp: int = 1, split: Optional[list[int]] 
     [[[], [1], [3], [5]], [[0], [2], [4], []]]
     >>> stage_layers(6, 2, 4, split=[3, 3]) == stage_layers(6, 2, 4, split=[0, 1, 1, 1, 1, 1, 1, 0])
     True
+    >>> print(stage_layers(94, 8, 2))
+    94 layers do not divide into pp 8 stages (11.75 per stage) of vpp 2 virtual stages (5.875 layers per chunk); give an explicit pp_layer_split of 8 entries (layers per stage) or 16 (per virtual stage); the fix line gives the framework's uneven split
     """
     vs = [[virtual_stage(c, k, pp, vpp) for c in range(vpp)] for k in range(pp)]
     if split is not None:
@@ -61,6 +63,11 @@ def stage_layers(layers: int, pp: int, vpp: int = 1, split: Optional[list[int]] 
             return counts
         starts = [sum(counts[:j]) for j in range(pp * vpp)]
         return [[list(range(starts[j], starts[j] + counts[j])) for j in vs[k]] for k in range(pp)]
+    if layers % pp and vpp > 1:  # newcomer trial 50 #5: the virtual stages named, and what to give
+        return (f"{layers} layers do not divide into pp {pp} stages ({layers / pp:g} per stage) of vpp {vpp} "
+                f"virtual stages ({layers / (pp * vpp):g} layers per chunk); give an explicit pp_layer_split of "
+                f"{pp} entries (layers per stage) or {pp * vpp} (per virtual stage); the fix line gives the "
+                f"framework's uneven split")
     if layers % pp:
         return (f"{layers} layers do not divide into pp {pp} stages ({layers / pp:g} per stage); "
                 f"give an explicit pp_layer_split")

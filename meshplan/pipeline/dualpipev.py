@@ -3,7 +3,7 @@
 two chunks per rank in a V (:mod:`.vshape`), micro-batches fed from one end, the steady
 state pairing a forward of one chunk with a backward of the other (DeepSeek overlaps the
 pair's compute and communication; torch's runtime runs the pair's forward then its backward
-unless a custom ``OVERLAP_F_B`` function is registered, and so does this plan). torch:
+unless a custom ``OVERLAP_F_B`` function is registered: :data:`PAIR_OVERLAP` for torchtitan's). torch:
 ``ScheduleDualPipeV`` (its order, torch 2.13), rank s of p, chunk 0 = virtual stage s,
 chunk 1 = virtual stage 2p - 1 - s, m >= 2p micro-batches:
 
@@ -27,6 +27,9 @@ chunks and F = B = W: ``(p - 1) / (6 m)``, as ZB-V (every rank idles (p - 1) F /
 ``(p/2 - 1)(F&B + B - 3W)`` assumes the pair's overlap, which the CPU runtime does not have.
 Unequal times: the simulation.
 
+torchtitan registers one (:data:`PAIR_OVERLAP`) where pp > 1 and ep > 1: this plan times the pairs
+as torch's default runs them, forward then backward, and says so (:data:`PAIR_OVERLAP_NOT_TIMED`, the overlap itself not modelled yet).
+
 >>> " ".join(u.label(2) for u in DUALPIPEV.order(2, 4, 2, 1))[:47]
 'F0.c0 F0.c1 F1.c0 F1.c1 F2.c0 B0.c1 W0.c1 F2.c1'
 """
@@ -38,6 +41,24 @@ import numpy as np
 from meshplan.pipeline.base import Unit
 from meshplan.pipeline.vshape import VShaped
 from meshplan.spec.mesh import Schedule
+
+#: What torchtitan runs for the pairs (pytorch/torchtitan e347b1e): ``distributed/pipeline_parallel.py``:216-219
+#: registers ``overlap_callback`` for ``OVERLAP_F_B`` when ``parallelism.pipeline_parallel_expert_parallel_overlap``
+#: (default true, ``config/job_config.py``:420; meshplan's ``training.pp_ep_overlap``) and the schedule is
+#: ``ScheduleDualPipeV`` (torch 2.13 ``schedules.py`` ``add_overlap_f_b``: F of one chunk with the FULL_BACKWARD of
+#: the other, steps 4 and 5 above). ``distributed/dual_pipe_v.py``:190-324 runs the backward in a second thread on
+#: the same CUDA stream; ``DualPipeExpertParallel`` (:54-98) wraps each MoE layer's dispatch and combine in
+#: ``SyncHook`` barriers (A -> dispatch -> B -> experts -> C -> combine -> D) that make the two threads alternate,
+#: so one micro-batch's ep all-to-all runs on NCCL's stream while the other's compute runs, for the fewer of the two
+#: chunks' MoE layers (``min_num_layers``). With activation checkpointing ``get_dual_pipe_v_flag`` (:32-53) raises
+#: NotImplementedError (:func:`meshplan.plan_runtime.dualpipev_ep_ac_reasons`).
+PAIR_OVERLAP = "torchtitan's OVERLAP_F_B callback (e347b1e distributed/dual_pipe_v.py:190-324)"
+#: The note of a plan whose pairs torchtitan overlaps (:data:`PAIR_OVERLAP`) and this plan times one after the other.
+PAIR_OVERLAP_NOT_TIMED = (f"DualPipeV with ep > 1 and training.pp_ep_overlap (torchtitan's "
+                          f"pipeline_parallel_expert_parallel_overlap, default true): {PAIR_OVERLAP} runs each steady-"
+                          f"state forward/backward pair in two threads, one micro-batch's ep all-to-alls beside the "
+                          f"other's compute; meshplan times each pair forward then backward (torch's default), so the "
+                          f"step's exposed ep is an upper bound there")
 
 
 class DualPipeV(VShaped):

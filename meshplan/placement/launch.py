@@ -78,7 +78,8 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.errors import ConfigError
-from meshplan.fileio import check_destination, edited_files, edited_words, owned, remember, write_output
+from meshplan.fileio import check_destination, write_output
+from meshplan.output_ledger import edited_files, edited_words, owned, remember
 from meshplan.placement.assign import Placement
 from meshplan.placement.bind_nodes import NUMA_CHECK, local_case, node_list, shared_nodes
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
@@ -310,7 +311,7 @@ FILES = ("bind.sh", "torchrun.sh", "job.sbatch", "bindings.json")
 def check_launch_folder(folder, force: bool = False) -> Path:
     """``folder`` (``--out``) checked as :func:`write_launch` writes it: a writable folder (its
     parent must exist) holding none of :data:`FILES` unless ``force`` (or each is meshplan's own
-    unchanged output under out/, :func:`meshplan.fileio.owned`); else a ConfigError naming
+    unchanged output under out/, :func:`meshplan.output_ledger.owned`); else a ConfigError naming
     --out and --force. ``meshplan launch`` calls it before planning, and :func:`write_launch` again."""
     folder = check_destination(folder, "--out", force=True, folder=True)
     taken = [name for name in FILES if (folder / name).exists() and not owned(folder / name)]
@@ -324,7 +325,7 @@ def check_launch_folder(folder, force: bool = False) -> Path:
 def write_launch(folder, placement: Placement, opts: LaunchOptions, force: bool = False) -> list[Path]:
     """Write :data:`FILES` into ``folder`` (scripts 0755, JSON 0644). Refuses, before writing
     anything, when one of them exists unless ``force`` (ConfigError naming --out); the folder is
-    recorded as meshplan's own under out/ (:func:`meshplan.fileio.remember`), so a rerun replaces it."""
+    recorded as meshplan's own under out/ (:func:`meshplan.output_ledger.remember`), so a rerun replaces it."""
     folder = check_launch_folder(folder, force)
     texts = {"bind.sh": bind_script(placement, opts), "torchrun.sh": torchrun_script(placement, opts),
              "job.sbatch": sbatch_script(placement, opts, folder),

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from meshplan.memory.headroom import retry_warning
 from meshplan.compute.routing import balance_note
 from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
@@ -250,5 +251,8 @@ def print_memory(plan: Plan, console: Console | None = None, all_stages: bool = 
             con.print(f"[dim]note (stage {tl.stage})[/] {escape(note)}")
     if (moe := balance_note(c.model, c.training)) is not None:  # once, whatever the stages shown
         con.print(f"[dim]note[/] {escape(moe)}")
+    retry = retry_warning("this mesh", plan.timelines) if plan.feasible else ""
+    if retry:  # the verdict fits, the allocator's reserved peak does not (as plan, step and the page say)
+        con.print(f"[yellow]{escape(retry)}[/]")
     for r in plan.reasons:
         con.print(f"[bold red]infeasible[/] {r}")

@@ -7,7 +7,9 @@ its setting's step error was measured larger, where ``search`` and ``compare`` d
   ``training.tp_comm_overlap`` on, what the overlap saves against blocking TP
   (:func:`meshplan.schedule.tp_overlap_lines.tp_overlap_line`);
 - :func:`plan_warnings`: the headroom rule's ``warning (this mesh): tight: ...``
-  (:func:`meshplan.memory.headroom.tight_warning`, compare's line) and the measured-error setting's
+  (:func:`meshplan.memory.headroom.tight_warning`, compare's line), the allocator's retry warning where the
+  reserved peak exceeds usable memory but the peak fits (:func:`meshplan.memory.headroom.retry_warning`),
+  and the measured-error setting's
   ``note: this mesh lies where ...`` (:func:`meshplan.plan_fidelity.plan_setting_line`, the line
   search and compare print as a warning, since they choose; here a caveat on the model beside the
   MFU caveat, not a warning on the config)."""
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.memory.headroom import tight_warning
+from meshplan.memory.headroom import retry_warning, tight_warning
 from meshplan.plan import Infeasible, Plan
 from meshplan.plan_fidelity import plan_setting_line
 from meshplan.schedule.steptime import step_time
@@ -44,5 +46,5 @@ def plan_warnings(plan: Plan | Infeasible) -> list[str]:
         return []
     tl = plan.timeline
     lines = [tight_warning(WHO, tl.peak.total_bytes, tl.usable_bytes, plan.config.memory.fragmentation_fraction),
-             plan_setting_line(WHO, plan, "note")]
+             retry_warning(WHO, plan.timelines), plan_setting_line(WHO, plan, "note")]
     return [line for line in lines if line]

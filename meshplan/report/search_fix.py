@@ -35,7 +35,8 @@ _FIXES = {
     "batch": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp",
     "1f1b": "raise training.global_batch (more micro-batches per step) or narrow search.pp",
     "interleaved": "raise training.global_batch (more micro-batches per step) or narrow search.vpp",
-    "dualpipev": "raise training.global_batch (more micro-batches per step) or drop dualpipev from search.pp_schedules",
+    "dualpipev": "raise training.global_batch (more micro-batches per step), drop dualpipev from search.pp_schedules, "
+                 "or with ep > 1 under torch set recompute \"none\" or training.pp_ep_overlap = false",
 }
 _FIX_ANY = "widen the [search] lists or change the [training] field the rule names"
 #: :data:`_FIXES` where ``training.framework = "megatron"`` words the rule otherwise

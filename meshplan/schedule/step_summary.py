@@ -56,6 +56,8 @@ class StepTime:
     tt_flops_per_token: float = 0.0  # torchtitan's MFU FLOP per token (flops.torchtitan_flops_per_token); 0: no line
     tt_peak_flops: float = 0.0  # the peak torchtitan divides by (flops.torchtitan_peak_flops), FLOP/s
     mg_flops: float = 0.0  # Megatron-LM's --log-throughput FLOP per iteration (flops.megatron_flops_per_iteration); 0: no line
+    compute_peak_flops: float = 0.0  # the compute dtype's dense peak where peak_dtype is another (fp8 Linears); 0: same
+    compute_dtype: str = ""  # that compute dtype (TrainingSpec.compute_dtype)
     tt_words: str = ""  # how torchtitan counted tt_flops_per_token (flops.torchtitan_flops_words)
 
     def named(self, stream: str) -> str:
@@ -332,8 +334,21 @@ class StepTime:
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "
                 f"of the "
-                f"{self.peak_flops / 1e12:,.0f} TFLOP/s {self.peak_dtype} dense peak per GPU".rstrip()] + \
+                f"{self.peak_flops / 1e12:,.0f} TFLOP/s {self.peak_dtype} dense peak per GPU".rstrip()
+                + self._compute_peak_text()] + \
             self.torchtitan_line() + self.megatron_line() + [f"note: {n}" for n in self.notes] + contention_line(self)
+
+    def _compute_peak_text(self) -> str:
+        """Where MFU's peak is the float8 Linears' (``TrainingSpec.peak_dtype`` fp8) and the compute dtype's
+        differs: what that peak counts (every model FLOP, those of the GEMMs left in the compute dtype too:
+        attention's, and the routed experts' grouped GEMMs, which torchtitan's float8 Linear converter does not
+        convert) and MFU against the compute dtype's peak (newcomer trial 50 #9); "" otherwise."""
+        if not self.compute_peak_flops or self.compute_peak_flops == self.peak_flops:
+            return ""
+        mfu = self.model_flops / (self.step_s * self.world * self.compute_peak_flops)
+        return (f" (the float8 Linears' peak, which every model FLOP is divided by, those left in the compute dtype "
+                f"too: attention's, and routed experts' grouped GEMMs where the float8 converter leaves them; MFU "
+                f"{mfu:.1%} of the {self.compute_peak_flops / 1e12:,.0f} TFLOP/s {self.compute_dtype} dense peak)")
 
     def _gap_text(self) -> str:
         """``; above MFU by: flash backward recomputes QK^T 1.1 pp``: each cause of

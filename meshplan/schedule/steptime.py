@@ -147,7 +147,9 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
                     tuple(stream_words(t, cfg.origin).items()),
                     mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),
-                    *_torchtitan_terms(cfg), _megatron_flops(cfg, plan), tt_words=torchtitan_flops_words(cfg.model))
+                    *_torchtitan_terms(cfg), _megatron_flops(cfg, plan), tt_words=torchtitan_flops_words(cfg.model),
+                    compute_peak_flops=cfg.cluster.gpu.peak_flops(t.compute_dtype) if t.peak_dtype != t.compute_dtype
+                    else 0.0, compute_dtype=t.compute_dtype)
 
 
 def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> tuple:

@@ -168,6 +168,25 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     reduce = np.where(F & per_mb, u["reduce_min"], 0)
     p2 = base - one + reduce + near(st.n_chunk - 1) + layer_peak
     out = np.maximum(np.maximum(f_end, p1), np.where(st.n_chunk >= 2, p2, 0))
+    out = _loss_backward(out, c, st, u, hs, f_end, head_reduce, pf)
+    out = _last_forward(out, cfg, c, st, u, lo, init, kw, evicts)
+    if per_mb.any():
+        out = np.where(per_mb, np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce)), out)
+    out = _accumulators(out, cfg, c, st, u, lo, init, kept, kw, g, window, evicts)
+    # V-shaped schedules (ZB-V, DualPipeV): only the terms that hold for any order, F and W
+    # without the embedding's, the head's and the kept roots' shares (the w-th forward may be
+    # either chunk's, and DualPipeV's first backward comes before its peak)
+    plain = init + _saved(lo, st.w * st.n_chunk, kw)
+    keep_output = _keeps_output(cfg, c, u)
+    pw_v = init + _saved(lo, st.w * st.n_chunk - 1, kw - 1) + np.where(F, u["unit_min_g"] * (1 + keep_output), 0) + lo["fwd"]
+    return np.where(st.vshape, np.maximum(plain, pw_v), out)
+
+
+def _loss_backward(out, c, st, u, hs, f_end, head_reduce, pf) -> np.ndarray:
+    """``out`` raised to H (module docstring): the loss's and the head's backward on the last
+    stage, at the end of the forwards ``f_end``; ``head_reduce``, ``pf``: :func:`_lower`'s."""
+    F, per_mb = u["fsdp"], u["per_mb"]
+    v = c.vpp[:, None]
     # H: the loss's backward on the last stage
     # torch's cross entropy (loss_grad_kept > 0) frees its transients and the kept log-softmax
     # before the compute-dtype logits gradient (memory.passes._torch_loss_backward)
@@ -191,18 +210,35 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     h3 = f_end - hs["head_saved"] + hs["dy"] + np.where(u["ipg"], 0, u["head"]) + head_reduce \
         + np.where(F, np.where(kept_layers, st.n * u["unit_min_g"], np.where(pf, u["unit_min_g"], 0)), 0)
     out = np.maximum(out, np.where(st.last & F & ~u["root"] & u["pp1"] & per_mb, h3, 0))
-    # W: the w-th forward's last layer with its working set
-    # FSDP2 keeps each unit's all-gather output till the next copy-out in forward, explicitly
-    # prefetched or not (memory.unit_events); of an MoE layer whose experts gather apart under
-    # torchtitan (ep > 1) only theirs: not counted there
+    return out
+
+
+def _keeps_output(cfg, c, u) -> np.ndarray:
+    """Where a unit's all-gather output stays till the next copy-out in forward: FSDP2 keeps it,
+    explicitly prefetched or not (memory.unit_events); of an MoE layer whose experts gather apart
+    under torchtitan (ep > 1) only theirs: not counted there; DeepSpeed ZeRO-3 (``ds3``) keeps none."""
     split = (c.ep > 1)[:, None] & cfg.training.torchtitan_units if cfg.model.is_moe else False
-    keep_output = ~u["ds3"] & ~split
+    return ~u["ds3"] & ~split
+
+
+def _last_forward(out, cfg, c, st, u, lo, init, kw, evicts) -> np.ndarray:
+    """``out`` raised to W (module docstring): the w-th forward's last layer with its working set
+    (``init``, ``kw``, ``evicts``: :func:`_lower`'s)."""
+    F = u["fsdp"]
+    # W: the w-th forward's last layer with its working set
+    keep_output = _keeps_output(cfg, c, u)
     gathered = np.where(F, ~evicts * st.first * (u["emb_g"] * u["emb_kept"] + np.where(u["root"], u["head_g"], 0))
                         + u["unit_min_g"] * (1 + keep_output), 0)
     pw = init + _saved(lo, st.w * st.n_chunk - 1, kw - 1) + gathered + lo["fwd"]
-    out = np.maximum(out, pw)
-    if per_mb.any():
-        out = np.where(per_mb, np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce)), out)
+    return np.maximum(out, pw)
+
+
+def _accumulators(out, cfg, c, st, u, lo, init, kept, kw, g, window, evicts) -> np.ndarray:
+    """``out`` raised to A (module docstring): FSDP's unsharded gradient accumulators at the end of
+    the first backward, and with more than one interleaved round at chunk 0's (``init``, ``kept``,
+    ``kw``, ``g``, ``window``, ``evicts``: :func:`_lower`'s)."""
+    F, per_mb = u["fsdp"], u["per_mb"]
+    v = c.vpp[:, None]
     # A: FSDP reducing after the last micro-batch (pp > 1, or grad_accumulation), the end of
     # the first backward: its chunk's unsharded reduce-dtype accumulators and (unless no_sync
     # reshards after backward) its layers still gathered, the other passes' saved activations
@@ -228,13 +264,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)
     kl = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, live, st.vshape, done)
     acc_all = init + kept + _saved(lo, live * st.n_chunk, kl) + np.where(after & rounds, held_all, 0)
-    out = np.maximum(out, np.maximum(acc, acc_all))
-    # V-shaped schedules (ZB-V, DualPipeV): only the terms that hold for any order, F and W
-    # without the embedding's, the head's and the kept roots' shares (the w-th forward may be
-    # either chunk's, and DualPipeV's first backward comes before its peak)
-    plain = init + _saved(lo, st.w * st.n_chunk, kw)
-    pw_v = init + _saved(lo, st.w * st.n_chunk - 1, kw - 1) + np.where(F, u["unit_min_g"] * (1 + keep_output), 0) + lo["fwd"]
-    return np.where(st.vshape, np.maximum(plain, pw_v), out)
+    return np.maximum(out, np.maximum(acc, acc_all))
 
 
 def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce) -> np.ndarray:

@@ -19,7 +19,8 @@ from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.bounds import bounds
 from meshplan.search.comm_bounds import p2p_links_apart
 from meshplan.search.columns import Candidates, candidate_schedule
-from meshplan.search.layer_bounds import gemm_efficiency, unit_bounds
+from meshplan.search.layer_bounds import unit_bounds
+from meshplan.search.layer_chains import gemm_efficiency
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.pipeline import blocking_mode, pipeline_bound, schedule_call_loads
 from meshplan.search.reasons import OK

@@ -14,6 +14,7 @@ from meshplan.config import Config
 from meshplan.mesh.layers import first_last_split
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.vshape import VShaped, reshard_defect
+from meshplan.plan_runtime import dualpipev_ep_ac_reasons
 from meshplan.search.columns import PIPELINE, SEARCHED, SHARDING, ZERO12, Candidates
 from meshplan.spec.axes.registry import rules
 
@@ -72,7 +73,8 @@ _SCHEDULE_REASONS = (
     ("1f1b", "1F1B: micro-batches fewer than pp (torch Schedule1F1B)"),
     ("interleaved", "interleaved 1F1B: micro-batches not a multiple of pp (megatron) or of torch's rounds, or pp 2 "
                     "without p2p overlap (megatron)"),
-    ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
+    ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp, or under framework torch ep > 1 with activation "
+                  "checkpointing and training.pp_ep_overlap (torchtitan raises NotImplementedError)"),
     ("engine", "zero3_engine deepspeed or deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered; "
                "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule "
                "other than 1F1B"),
@@ -179,7 +181,9 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
          & (get(get(SEARCHED).for_chunks(2)).refused(c.pp, run_micro, t.framework)
             # Megatron-LM asserts pp > 2 without its p2p overlap (plan_runtime.megatron_p2p_reasons)
             | ((t.framework == "megatron") & (t.pp_p2p_overlap is False) & (c.pp == 2)))),
-        ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & get("dualpipev").refused(c.pp, run_micro, t.framework)),
+        ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (get("dualpipev").refused(c.pp, run_micro, t.framework)
+                       # build_plan's dualpipev_ep_ac_reasons (plan_runtime): torchtitan's EP + DualPipeV + AC
+                       | ((c.pp > 1) & (c.ep > 1) & bool(dualpipev_ep_ac_reasons(t, "dualpipev", 2, 2))))),
         # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no
         # all-gather CP, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
         ("engine", ((t.searched_zero3_engine != "fsdp2") & (c.sh == SHARDING.index("zero3"))

@@ -16,7 +16,7 @@ def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray)
     attention too. :func:`meshplan.plan.build_plan` refuses cp > 1 (which CP collectives its replay
     runs is not modelled); it plans tp > 1 with sequence parallelism (the replay repeats the tp
     all-gathers), which the search leaves out (its step-time bound is not checked there). At ep > 1
-    and with MLA the bound (:func:`meshplan.search.layer_bounds.chains`) replays op without the EP
+    and with MLA the bound (:func:`meshplan.search.layer_chains.chains`) replays op without the EP
     all-to-alls and the closing TP collectives, whose outputs the policy saves, as the rank timeline
     does (``layer_timeline.forward_layer``); checked against every candidate's simulated step on an
     MoE and an MLA MoE search (tests/test_search_op_sac.py).

@@ -15,7 +15,7 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   blocking EP all-to-alls, the CP exchange beside the Q projection only (the K/V
   all-gather after the K/V projection, before the core attention: ``attention + max(0, ring -
   Q)``; backward the dK/dV reduce-scatter before the K/V projections' input gradients; torch's ring
-  attention, :func:`~meshplan.search.layer_bounds.chains`: the gather beside its first SDPA step of
+  attention, :func:`~meshplan.search.layer_chains.chains`: the gather beside its first SDPA step of
   s seconds, ``attention + max(0, AG - s)``, backward ``max(0, AG - s) + (cp - 1) max(0, X - s) + X``
   for its own gather and cp fp32 dK/dV shifts X, the last exposed; Megatron-LM's all-gather CP,
   whose fused QKV GEMM leaves no Q projection apart: the gather, TE's backward gather (a selective
@@ -91,9 +91,9 @@ bound only to decide what it need not simulate.
 This module combines the unit bounds into the step's (:func:`step_lower_bound`); the parts live
 beside it: :mod:`~meshplan.search.time_tables` (op and collective lookups),
 :mod:`~meshplan.search.comm_bounds` (collective seconds, FSDP2's copies),
-:mod:`~meshplan.search.gather_passes` (which passes gather), :mod:`~meshplan.search.layer_bounds`
-(layer chains, unit bounds, GEMM efficiency), :mod:`~meshplan.search.step_end_bound` (the stage's
-step-end ops).
+:mod:`~meshplan.search.gather_passes` (which passes gather), :mod:`~meshplan.search.layer_chains`
+(layer chains, GEMM efficiency), :mod:`~meshplan.search.layer_bounds` (unit bounds),
+:mod:`~meshplan.search.step_end_bound` (the stage's step-end ops).
 """
 
 from __future__ import annotations

@@ -248,6 +248,13 @@ class TrainingSpec(TrainingChecks):
     cool-down calls too are issued without waiting, every transfer asynchronous. Under framework
     torch, ``torch.distributed.pipelining`` waits where its schedule class does, with no such flag
     (:func:`meshplan.schedule.overlap_policy.p2p_mode`): ``pp_p2p_overlap = false`` is refused there.
+    ``pp_ep_overlap`` (framework torch, DualPipeV with pp > 1 and ep > 1): torchtitan's
+    ``parallelism.pipeline_parallel_expert_parallel_overlap`` (default true, pytorch/torchtitan e347b1e
+    ``torchtitan/config/job_config.py``:420): the schedule's forward/backward pairs run as one
+    ``OVERLAP_F_B`` action, the ep all-to-alls of one micro-batch beside the other's compute
+    (:mod:`meshplan.pipeline.dualpipev`); with activation checkpointing torchtitan raises
+    NotImplementedError (``distributed/dual_pipe_v.py``:32-53), an infeasible plan
+    (:func:`meshplan.plan_runtime.dualpipev_ep_ac_reasons`); false runs the pairs one after the other.
     ``pp_engine``: who runs the pipeline: ``framework`` (default: Megatron-LM's or torch's own
     schedule) or ``deepspeed``, DeepSpeed's ``PipelineEngine`` running Megatron-DeepSpeed's
     ``GPTModelPipe`` (framework ``megatron`` under ``zero0_engine`` or ``zero12_engine = "deepspeed"``):

@@ -11,6 +11,7 @@ from typing import Optional
 
 from pydantic import model_validator
 
+from meshplan.errors import ConfigError
 from meshplan.spec.training_fields import DEEPSPEED_ZERO3
 from meshplan.spec.training_precision import TrainingPrecision
 
@@ -75,6 +76,33 @@ def megatron_only_keys(training) -> list[str]:
     ['overlap_grad_reduce', 'pp_p2p_overlap']
     """
     return [k for k, (value, _) in MEGATRON_ONLY.items() if getattr(training, k) is value]
+
+
+def op_sac_policy_notes(training) -> tuple[str, ...]:
+    """Check ``training.op_sac_policy`` against what reads it. Under framework torch something always
+    does: torchtitan's op-level SAC under ``recompute = "op"``
+    (:func:`meshplan.compute.recompute.op_sac_fuses_qkv`), and at every recompute the revision's model
+    code (:attr:`~meshplan.spec.training_knobs.TrainingKnobs.torchtitan_revision`: b5bcd76's one
+    ``wqkv`` GEMM and its CP refusal without flex attention) and its expert rule
+    (:attr:`~meshplan.spec.training_engines.TrainingEngines.torchtitan_v022`: 238fa99 runs etp = tp).
+    Under another framework (Megatron-LM, DeepSpeed: no torchtitan model code, no op-level SAC) a value
+    given is read nowhere: a :class:`~meshplan.errors.ConfigError` naming the field and the fix, not a
+    silent default. Returns no notes (the caller's tuple of config notes).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> op_sac_policy_notes(TrainingSpec(global_batch=8, seq_len=16, op_sac_policy="b5bcd76", recompute="full"))
+    ()
+    >>> op_sac_policy_notes(TrainingSpec(global_batch=8, seq_len=16, op_sac_policy="b5bcd76", framework="megatron",
+    ...                                  sharding="zero1"))
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: training.op_sac_policy: "b5bcd76" names a torchtitan revision (its op-level SAC and model code), read only under framework "torch" (here 'megatron'): remove op_sac_policy
+    """
+    if training.op_sac_policy is None or training.framework == "torch":
+        return ()
+    raise ConfigError("training.op_sac_policy", f"\"{training.op_sac_policy}\" names a torchtitan revision (its "
+                      f"op-level SAC and model code), read only under framework \"torch\" (here "
+                      f"{training.framework!r}): remove op_sac_policy")
 
 
 def async_tp_uncompiled(training) -> bool:
@@ -154,6 +182,22 @@ class TrainingChecks(TrainingPrecision):
 
     @model_validator(mode="after")
     def _check(self):
+        self._check_batch_and_dtypes()
+        self._check_engines()
+        self._check_megatron_only()
+        self._check_megatron_overlap()
+        self._check_megatron_runtime()
+        self._check_torch_only()
+        self._check_pp_p2p()
+        self._check_zeropp()
+        if self.pp_schedule_runs > 1 and self.framework != "torch":
+            raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "
+                             f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
+                             f"schedule over the step's micro-batches: remove the key")
+        return self
+
+    def _check_batch_and_dtypes(self) -> None:
+        """The batch, clipping, AC interval and dtype keys (float8's refinements with them)."""
         if self.micro_batch > self.global_batch:
             raise ValueError(f"micro_batch {self.micro_batch} > global_batch {self.global_batch}")
         if self.grad_clip_norm is not None and not self.grad_clip:
@@ -193,6 +237,9 @@ class TrainingChecks(TrainingPrecision):
             raise ValueError(f"fp8_param_gather is Megatron-LM's --fp8-param-gather, planned with its distributed "
                              f"optimizer (framework \"megatron\", sharding \"zero1\"); framework {self.framework!r}, "
                              f"sharding {self.sharding!r}: remove it, or set those")
+
+    def _check_engines(self) -> None:
+        """Each ZeRO engine key against its sharding and the options it takes (pp's engine too)."""
         if self.zero3_engine != "fsdp2" and self.sharding != "zero3":
             raise ValueError(zero3_engine_sharding_error(self.zero3_engine, self.sharding))
         if self.zero3_engine != "fsdp2" and (self.grad_accumulation != "sync" or not self.reshard_after_forward
@@ -220,9 +267,10 @@ class TrainingChecks(TrainingPrecision):
             raise ValueError("overlap_comm is DeepSpeed's zero_optimization.overlap_comm (sharding zero1 or zero2 with "
                              "zero12_engine = \"deepspeed\", or zero3 with zero3_engine = \"deepspeed\"): set the "
                              "engine or remove it")
-        self._check_megatron_only()
-        self._check_megatron_overlap()
-        self._check_megatron_runtime()
+
+    def _check_torch_only(self) -> None:
+        """The keys of framework torch's runtime (compile, eager optimizer, head resharding, FSDP2's
+        accumulation, ring CP) and Megatron-LM's p2p CP, each refused elsewhere."""
         if self.framework == "torch" and async_tp_uncompiled(self):
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
@@ -254,13 +302,6 @@ class TrainingChecks(TrainingPrecision):
             raise ValueError("cp_attention \"p2p\" is Transformer Engine's p2p ring as Megatron-LM runs it (framework "
                              f"\"megatron\"); framework {self.framework!r} runs its own CP: remove the key or use "
                              "\"allgather\"")
-        self._check_pp_p2p()
-        self._check_zeropp()
-        if self.pp_schedule_runs > 1 and self.framework != "torch":
-            raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "
-                             f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
-                             f"schedule over the step's micro-batches: remove the key")
-        return self
 
     def _check_pp_p2p(self) -> None:
         """``pp_p2p_overlap_warmup_flush`` only with Megatron-LM's p2p overlap on

@@ -18,6 +18,22 @@ class TrainingEngines(TrainingRecompute):
     """The engine rules of a training (module docstring), as properties of its fields."""
 
     @property
+    def op_sac(self) -> str:
+        """The op-level SAC policy planned (``training.op_sac_policy``; unset: "238fa99", the save lists of
+        every TOML-reading torchtitan: :func:`meshplan.compute.recompute.op_sac_fuses_qkv`)."""
+        return self.op_sac_policy or "238fa99"
+
+    @property
+    def torchtitan_v022(self) -> bool:
+        """Whether the plan targets a torchtitan that reads TOML job files (<= v0.2.2, e347b1e; 238fa99 has the
+        same ``_apply_op_sac`` and ``ParallelDims``): ``training.op_sac_policy`` given as "238fa99", the one home
+        of "which torchtitan" (``meshplan import torchtitan`` writes it). There, with ep > 1, etp = tp runs
+        (``ExpertTensorParallel``: e347b1e ``distributed/parallel_dims.py``:58-59 allows ETP = TP or 1), which
+        c4b409a (2026-04-30, after 9810191 ended TOML job files) removed; unset or "b5bcd76" plans b5bcd76
+        (:data:`~meshplan.spec.axes.ep.TORCH_ETP`)."""
+        return self.op_sac_policy == "238fa99"
+
+    @property
     def torchtitan_units(self) -> bool:
         """Whether the model's ends are FSDP2 units as torchtitan wraps them (framework torch,
         FSDP2 sharding): the embedding one unit, resharded after forward as the layers are,

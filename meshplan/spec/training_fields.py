@@ -118,7 +118,8 @@ class TrainingFields(BaseModel):
     reshard_head_after_forward: bool = False
     recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
     recompute_modules: tuple[str, ...] = ("core_attn",)  # recompute "selective": meshplan.spec.recompute_modules
-    op_sac_policy: OpSacPolicy = "238fa99"  # torchtitan's revision: TrainingKnobs.torchtitan_revision
+    # which torchtitan (TrainingEngines.op_sac, .torchtitan_v022): unset plans op SAC as 238fa99, expert TP as b5bcd76
+    op_sac_policy: Optional[OpSacPolicy] = None
     ac_freq: int = Field(default=1, ge=1)
     recompute_num_layers: Optional[int] = Field(default=None, ge=1)  # Megatron-LM --recompute-method block
     flash_attention: bool = True
@@ -148,6 +149,7 @@ class TrainingFields(BaseModel):
     pp_p2p_overlap: Optional[bool] = None
     pp_engine: Literal["framework", "deepspeed"] = "framework"
     pp_p2p_overlap_warmup_flush: bool = False
+    pp_ep_overlap: bool = True
     linear_dtype: Optional[Literal["fp8"]] = None
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     fp8_all_gather: bool = False

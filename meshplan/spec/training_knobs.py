@@ -37,7 +37,7 @@ from meshplan.spec.training_fields import DEEPSPEED_ZERO3, FUSED_QKV_REVISIONS
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "recompute_num_layers",
               "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
-              "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
+              "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "pp_ep_overlap", "vocab_pad_divisor",
               "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "fp8_param_gather", "cp_attention",
               "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
               "megatron_runtime", "dataloader_attention_mask", "recompute_modules", "pp_engine", "op_sac_policy")
@@ -60,7 +60,7 @@ class TrainingKnobs(TrainingEngines):
         ...  {}, {"op_sac_policy": "b5bcd76"}, {"op_sac_policy": "b5bcd76", "framework": "megatron"})]
         ['238fa99', 'b5bcd76', '']
         """
-        return self.op_sac_policy if self.framework == "torch" else ""
+        return self.op_sac if self.framework == "torch" else ""
 
     @property
     def fuses_qkv(self) -> bool:

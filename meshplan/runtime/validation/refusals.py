@@ -64,6 +64,10 @@ def runtime_refusals(cfg: Config, mesh: Mesh, pipelined: bool = True) -> list[st
         out.append(f"training.zero12_engine is '{t.zero12_engine}': validate runs torch.distributed, not DeepSpeed's "
                    f"ZeRO-1/2 engine; remove {', '.join(['zero12_engine'] + keys)} to validate this mesh")
     out += unsupported_reasons(mesh, t, pipeline=True, moe=cfg.model.is_moe)
+    if cfg.model.qk_norm:  # the runtime model raises at build time (execution/model.py Transformer), after torchrun
+        out.append("model.qk_norm is true: validate's model has no per-head RMSNorm of q and k (Qwen3's qk-norm); "
+                   "set qk_norm = false in a copy to validate this mesh (the norms' parameters and kernels are "
+                   "small; the collectives are the same)")
     if cfg.model.position_embedding == "alibi":
         out.append("model.position_embedding is 'alibi': validate's model runs RoPE or learned positions, not an "
                    "ALiBi bias on the scores; set position_embedding = \"rope\" to validate this mesh")
@@ -106,7 +110,7 @@ def refusals(config: Config, opt: Options) -> list[ConfigError]:
 REFUSED_FIELDS = (("linear_dtype", "training.linear_dtype"), ("recompute", "training.recompute"),
                   ("training.framework", "training.framework"), ("training.zero3_engine", "training.zero3_engine"),
                   ("training.zero12_engine", "training.zero12_engine"), ("sharding", "training.sharding"),
-                  ("model.position_embedding", "model.position_embedding"))
+                  ("model.position_embedding", "model.position_embedding"), ("model.qk_norm", "model.qk_norm"))
 
 
 def refused_field(why: str) -> str:

@@ -131,6 +131,11 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     scaled = scale_model(m, layers=opt.layers, hidden_div=div, vocab=opt.vocab)
     spec = config_mesh(config)
     mesh_spec, mesh_why = scale_mesh(spec, spec.world or config.cluster.world, world, opt.world_option)
+    split = spec.pp_layer_split
+    if split is not None and sum(split) != scaled.spec.layers:  # the config's split over the scaled layers
+        mesh_spec = mesh_spec.model_copy(update={"pp_layer_split": rescale_split(split, scaled.spec.layers)})
+        mesh_why += (f"; pp_layer_split {split} -> {mesh_spec.pp_layer_split} (rescaled to --layers "
+                     f"{scaled.spec.layers} in proportion)")
     mesh = resolve_mesh(mesh_spec, world)
     if isinstance(mesh, Infeasible):
         raise ConfigError("mesh", "; ".join(mesh.reasons))
@@ -171,6 +176,32 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     cfg = Config(model=scaled.spec, cluster=cluster, training=training, mesh=mesh_spec, path=config.path,
                  memory=memory)
     return cfg, notes
+
+
+def rescale_split(split: list[int], layers: int) -> list[int]:
+    """``split`` (layers per stage or per virtual stage) scaled to ``layers`` in proportion (validate's
+    ``--layers``): each entry ``floor(s x layers / sum)``, the layers left over one each to the entries of the
+    largest remainders (the earlier first on a tie), then an entry left at 0 takes one from the largest entry;
+    a ConfigError naming ``--layers`` where fewer layers than entries leave one without a layer.
+
+    >>> rescale_split([23, 24, 24, 23], 4), rescale_split([23, 24, 24, 23], 8), rescale_split([11, 12, 12, 11], 6)
+    ([1, 1, 1, 1], [2, 2, 2, 2], [1, 2, 2, 1])
+    >>> rescale_split([3, 58], 4)
+    [1, 3]
+    """
+    if layers < len(split):
+        raise ConfigError("--layers", f"{layers} layers cannot fill the {len(split)} entries of mesh.pp_layer_split "
+                          f"{split} (one layer each at least); give --layers {len(split)} or more")
+    total = sum(split)
+    out = [s * layers // total for s in split]
+    order = sorted(range(len(split)), key=lambda i: (-(split[i] * layers % total), i))
+    for i in order[:layers - sum(out)]:
+        out[i] += 1
+    for i, v in enumerate(out):
+        if v == 0:
+            out[out.index(max(out))] -= 1
+            out[i] = 1
+    return out
 
 
 def cpu_flash(model: ModelSpec, flash: bool) -> tuple[bool, str]:

@@ -247,8 +247,9 @@ def moe_mlp_blocks_tp(framework: str, etp, tp, shared_experts: bool):
 
 def _torch_etp_bad(m, t, d):
     """Framework torch with an etp other than torchtitan's (:func:`torch_etp`): etp > 1 with ep > 1
-    on any model, or etp other than tp at ep 1 on an MoE model."""
-    ep_bad = (d.ep > 1) & (d.etp != 1)
+    on any model (but etp = tp where the plan targets torchtitan <= v0.2.2, which runs it:
+    :attr:`~meshplan.spec.training.TrainingSpec.torchtitan_v022`), or etp other than tp at ep 1 on an MoE model."""
+    ep_bad = (d.ep > 1) & (d.etp != 1) & ~(t.torchtitan_v022 & (d.etp == d.tp))
     return (t.framework == "torch") & (ep_bad | (m.is_moe & (d.ep == 1) & (d.etp != torch_etp(d.ep, d.tp))))
 
 
@@ -257,7 +258,7 @@ def torch_etp_reason(etp: int, tp: int, ep: int, where: str = "mesh.shape") -> s
     for a meshplan TOML).
 
     >>> print(torch_etp_reason(4, 4, 4))
-    framework torch: etp 4 with tp 4 and ep 4: torchtitan has no expert tensor parallelism since c4b409a (#3167, 2026-04-30): with ep > 1 each routed expert is whole on its ep rank and the tp ranks split the tokens (etp 1; moe_sharding.py at b5bcd76); fix: etp 1 in mesh.shape, or training.framework = "megatron"
+    framework torch: etp 4 with tp 4 and ep 4: torchtitan has no expert tensor parallelism since c4b409a (#3167, 2026-04-30): with ep > 1 each routed expert is whole on its ep rank and the tp ranks split the tokens (etp 1; moe_sharding.py at b5bcd76); fix: etp 1 in mesh.shape, or training.framework = "megatron", or training.op_sac_policy = "238fa99" (torchtitan <= v0.2.2, which runs etp = tp)
     >>> print(torch_etp_reason(1, 2, 1))
     framework torch: etp 1 with tp 2 and ep 1: torchtitan at ep 1 shards every routed expert over tp like a dense MLP (w1/w3 Shard(1), w2 Shard(2), every tp rank taking all the tokens: etp = tp; expert_param_placement_dense, moe_sharding.py at b5bcd76); fix: etp 2 in mesh.shape (or leave etp out), or training.framework = "megatron"
     """
@@ -265,7 +266,8 @@ def torch_etp_reason(etp: int, tp: int, ep: int, where: str = "mesh.shape") -> s
         return (f"framework torch: etp {etp} with tp {tp} and ep 1: {TORCH_ETP_EP1}; fix: etp {tp} in {where} (or "
                 "leave etp out), or training.framework = \"megatron\"")
     return (f"framework torch: etp {etp} with tp {tp} and ep {ep}: {TORCH_ETP}; fix: etp 1 in {where}, or "
-            "training.framework = \"megatron\"")
+            "training.framework = \"megatron\"" + (f", or training.op_sac_policy = \"238fa99\" (torchtitan <= v0.2.2, "
+                                                    f"which runs etp = tp)" if etp == tp else ""))
 
 
 def _torch_etp(m, t, d):
@@ -307,14 +309,19 @@ EP = AxisDef(
 )
 
 
-def etp_values(framework: str, row: Mapping[str, int], is_moe: bool = True) -> list[int]:
+def etp_values(framework: str, row: Mapping[str, int], is_moe: bool = True, v022: bool = False) -> list[int]:
     """The search's etp degrees for a row of degrees ``row`` (``tp``, and ``ep`` once chosen): 1 or
     tp, and under framework torch on an MoE model only the one torchtitan at b5bcd76 runs
-    (:func:`torch_etp`: 1 with ep > 1, tp at ep 1).
+    (:func:`torch_etp`: 1 with ep > 1, tp at ep 1); ``v022``: the plan targets torchtitan <= v0.2.2
+    (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_v022`), which runs 1 or tp with ep > 1.
 
     >>> etp_values("torch", {"tp": 4, "ep": 8}), etp_values("torch", {"tp": 4, "ep": 1}), etp_values("megatron", {"tp": 4, "ep": 8})
     ([1], [4], [1, 4])
+    >>> etp_values("torch", {"tp": 4, "ep": 8}, v022=True)  # torchtitan <= v0.2.2 runs etp 1 or tp with ep > 1
+    [1, 4]
     """
+    if framework == "torch" and v022 and row.get("ep", 1) > 1:
+        return sorted({1, row["tp"]})
     if framework == "torch" and (is_moe or row.get("ep", 1) > 1):
         return [torch_etp(row.get("ep", 1), row["tp"])]
     return sorted({1, row["tp"]})
@@ -326,12 +333,13 @@ ETP = AxisDef(
     torchtitan=("etp",), megatron=("etp",),
     rules=(Rule("expert_ffn", 40, "expert_ffn not divisible by etp", _etp_bad, _etp),
            Rule("torch_etp", 68,
-                "framework torch: etp other than torchtitan's (1 with ep > 1, tp at ep 1 on an MoE model)",
+                "framework torch: etp other than torchtitan's (1 with ep > 1, or tp under torchtitan <= v0.2.2; "
+                "tp at ep 1 on an MoE model)",
                 _torch_etp_bad, _torch_etp)),
     divides=(Dim.EXPERT_FFN,),
     shards=("routed experts' parameters, gradients, optimizer state",),
-    search=SearchColumn(column="etp", option="etp", values=lambda cfg, row: etp_values(cfg.training.framework, row,
-                                                                            cfg.model.is_moe)),
+    search=SearchColumn(column="etp", option="etp", values=lambda cfg, row: etp_values(
+        cfg.training.framework, row, cfg.model.is_moe, cfg.training.torchtitan_v022)),
     weights={"etp": 1e5},
 )
 
