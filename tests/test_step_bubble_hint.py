@@ -225,13 +225,28 @@ def test_step_prints_the_hint_in_text_and_json(tmp_path, capsys):
     (0.805 ms on the compute stream) issued beside the one before; under FSDP2's one reduce-scatter in
     flight (grad_reduce.rs_buffer_wait, torch 2.13 _fsdp_param_group.py 639-658) each copy-in waits for
     the reduce-scatter before, so the 7 layers' copy-ins sit between them: the tail 7 x 0.805 = 5.64 ms
-    longer, exposed fsdp 311.77 -> 317.41 ms, the bubble 7.46 s unchanged.)"""
+    longer, exposed fsdp 311.77 -> 317.41 ms, the bubble 7.46 s unchanged.)
+    (es50: torchtitan's full AC replays each layer's closing tp reduce-scatter in backward, 0.65957 ms (the
+    table's). The critical path, the same 63 units before and after (traced: step_time's critical_path, old
+    rule against new), holds 31 backward units: stage 15's B0 and B15 and stage 0's B15 of 7 layers (the
+    split's first and last), stage 14's B0, B4-B13 and B15, stage 13's and 12's B0 and B15, stage 12's B1, and
+    stages 11-1's B15, of 8: 3 x 7 + 28 x 8 = 245 replays, each unit 1 x 0.65957 ms per layer longer, its
+    forward units unchanged: 13476.88 + 245 x 0.65957 = 13638.47 ms. Stage 0's own 16 x 7 = 112 are its
+    exposed tp (833.70 -> 907.57 ms), the other 133 its bubble: 7464.55 -> 7552.27 ms, 55.4% of the step.
+    (246 was es50's estimate; the path's own count is 245.))"""
     out = tmp_path / "step.json"
     assert run_main("step", LLAMA405B, "--json", out) == 0
     printed = capsys.readouterr().out.splitlines()
     hint = [x for x in printed if x.startswith("hint: the pipeline bubble")]
     assert len(hint) == 1 and hint[0] in json.loads(out.read_text())["verdict"]
-    assert hint[0].startswith("hint: the pipeline bubble on stage 0 is 55.4% of the step (7.46 s of 13.48 s; "
+    assert hint[0].startswith("hint: the pipeline bubble on stage 0 is 55.4% of the step (7.55 s of 13.64 s; "
                               "1f1b, pp 16, 16 micro-batches per step): shorter with ")
     plan = plan_file(LLAMA405B)
+    st = step_time(plan)
+    rs = next(r.time_s for r in plan.stage(0).collectives if (r.axis, r.phase, r.op) == ("tp", "backward", "reduce-scatter"))
+    split = plan.config.mesh.pp_layer_split
+    on_path = [int(x.split()[1]) for x in st.critical_path() if x.split()[4].startswith("B")]
+    assert len(on_path) == 31 and sum(split[k] for k in on_path) == 245 and round(rs * 1e3, 5) == 0.65957
+    assert round((st.step_s - 245 * rs) * 1e3, 2) == 13476.88
+    assert round((st.parts_s()["bubble"] - 133 * rs) * 1e3, 2) == 7464.55
     assert hint[0] == bh.bubble_hint(plan, step_time(plan), rebuilt_step(plan, step_time))[0]

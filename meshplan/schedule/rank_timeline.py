@@ -27,7 +27,7 @@ frameworks issue them:
   (``Overlap.tp_grad``): it runs during their weight-gradient GEMMs (the asynchronous gradient
   collective), and with SP their input is all-gathered again before, during their
   input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their
-  collectives; torch's not the MLP's closing one, :func:`~meshplan.schedule.layer_timeline.replay_scatters`);
+  collectives; compiled torch's not the MLP's closing one, :func:`~meshplan.schedule.layer_timeline.replay_scatters`);
   torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
   forward ops it did not save, with each block's all-gather but not its reduce-scatter (whose
   output it saved; the row-parallel GEMM replayed, if at all, as a plain GEMM).

@@ -105,7 +105,8 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
             + b["mlp_pre"] + b["attn_post"]
             + gathered("attn") + cp_b + beside(o["bw_attn"], post)
             + b["attn_pre"] + qkv_rs)
-    # torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters); the
+    # compiled torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters; eager torch's
+    # does, torchtitan's early_stop=False: left out here, a lower bound still); the
     # candidates of one search share the framework, which ``serial`` carries (torch: all True).
     # op-level AC's replay issues no block's closing TP collective (layer_timeline.replay_scatters), only
     # the TP all-gathers, and the EP all-to-alls only where the policy saves no all-to-all output (``op_ep``:
