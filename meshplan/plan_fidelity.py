@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from meshplan.placement.assign import group_locality
 from meshplan.plan import Infeasible, Plan
-from meshplan.spec.accuracy import Fidelity, h100_rows, setting_line, settings_of
+from meshplan.spec.accuracy import Fidelity, gpu_label, h100_rows, setting_line, settings_of
 
 
 def shard_nodes(plan: Plan) -> int:
@@ -29,7 +29,8 @@ def plan_settings(plan: Plan | Infeasible) -> tuple[Fidelity, ...]:
     if not isinstance(plan, Plan):
         return ()
     t = plan.config.training
-    return settings_of(t.sharding, t.framework, plan.config.cluster.gpu.name, shard_nodes(plan))
+    g = plan.config.cluster.gpu
+    return settings_of(t.sharding, t.framework, g.name, shard_nodes(plan), g.cuda_sm)
 
 
 def plan_setting_line(who: str, plan: Plan | Infeasible, head: str = "warning") -> str:
@@ -40,4 +41,4 @@ def plan_setting_line(who: str, plan: Plan | Infeasible, head: str = "warning") 
         return ""
     t, mesh = plan.config.training, plan.mesh
     rows = h100_rows(t.linear_dtype == "fp8", bool(t.tp_comm_overlap) and mesh.degree("tp") > 1, mesh.degree("pp"))
-    return setting_line(who, plan_settings(plan), t.framework, rows, head)
+    return setting_line(who, plan_settings(plan), t.framework, rows, head, gpu_label(plan.config.cluster.gpu.name))

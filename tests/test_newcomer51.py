@@ -1,0 +1,47 @@
+"""Findings of newcomer trial 51 (a capacity planner: Llama-3-405B, Megatron-LM, on 2,048 H100 IB,
+1,536 H200 RoCE and 4,096 A100; ``tests/data/nc51/`` holds the trial's H200 job ``b_h200_core.toml``
+(pp 16 x dp_shard 12 x tp 8, zero1) and A100 job ``c_a100_cp2.toml`` (pp 16 x dp_shard 16 x cp 2 x tp
+8), each planned in about 2 s). Each test failed before its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan.cli import main
+from meshplan.spec import accuracy
+
+DATA = Path(__file__).parent / "data" / "nc51"
+
+
+def _run(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+def test_hopper_parts_get_the_h100_evidence():
+    """#1: settings_of tested ``gpu.startswith("h100")``, so H200 and H800 (the same GH100 die: gpus.toml's
+    sources, both cuda_sm 90) got no setting while H100 got torchtitan's. Now the Hopper family does (the
+    catalog's cuda_sm 90, else the names); A100 (cuda_sm 80) and B200 (100) do not."""
+    for gpu, sm in (("h200-sxm-141gb", 90), ("h800-sxm-80gb", 90), ("gh200-x", 0), ("h100-sxm5-80gb", 90)):
+        assert accuracy.settings_of("zero1", "megatron", gpu, 1, sm) == (accuracy.TORCHTITAN_H100,), gpu
+    assert accuracy.settings_of("zero1", "megatron", "a100-sxm-80gb", 1, 80) == ()
+    assert accuracy.settings_of("zero1", "megatron", "b200-sxm-180gb", 1, 100) == ()
+
+
+def test_h200_plan_prints_the_h100_evidence_measured_on_h100(capsys):
+    """#1: ``plan`` of the trial's 1,536-H200 Megatron-LM job (tp 8, pp 16, no fp8, no TP overlap) printed
+    only the generic MFU note. Now its note names torchtitan's H100 figures (FIDELITY: mean 17.6%, +2% to
+    +42%) and its pp rows (pp 16 > 1: +20% to +26%), saying no H200 step was measured and the evidence is
+    H100's."""
+    rc, out, _ = _run(["plan", DATA / "b_h200_core.toml"], capsys)
+    text = " ".join(out.split())  # the text wraps its lines
+    line = text[text.index("note: this mesh lies where"):]
+    assert rc == 0
+    assert "framework megatron on H200, whose runs there were not measured (no multi-GPU H200 step was" in line
+    assert "measured on H100" in line and accuracy.TORCHTITAN_H100.text() in line
+    assert accuracy.H100_ROWS["pp"] in line and accuracy.H100_ROWS["fp8"] not in line
