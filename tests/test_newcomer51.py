@@ -45,3 +45,28 @@ def test_h200_plan_prints_the_h100_evidence_measured_on_h100(capsys):
     assert "framework megatron on H200, whose runs there were not measured (no multi-GPU H200 step was" in line
     assert "measured on H100" in line and accuracy.TORCHTITAN_H100.text() in line
     assert accuracy.H100_ROWS["pp"] in line and accuracy.H100_ROWS["fp8"] not in line
+
+
+def test_a100_plan_outside_the_development_set_says_so(capsys):
+    """#2: the trial's 4,096-A100 plan (Llama-3-405B: 128 q / 8 kv heads, SwiGLU; pp 16 x dp_shard 16 x cp
+    2 x tp 8, zero1, seq 8,192) lies in no measured setting, so it printed only the generic note, though
+    the development set (published-runs-dev.md D1-D4: Megatron-LM 2022 on 8 and 64 A100, tp 8, no dp,
+    no cp, MHA, GeLU, no distributed optimizer, seq 2,048) differs in each of those. Now a note names
+    every difference: 16 x 16 x 2 x 8 = 4,096 GPUs > 64, dp 16, cp 2, GQA (8 < 128), SwiGLU, zero1, 8,192."""
+    rc, out, _ = _run(["plan", DATA / "c_a100_cp2.toml"], capsys)
+    text = " ".join(out.split())
+    assert rc == 0
+    assert ("note: this mesh lies outside the development set (" + accuracy.DEV_SET + "), where meshplan's step "
+            "error was measured (mean |error| 1.8%, max 2.9%): here 4,096 GPUs, dp 16, cp 2, grouped-query "
+            "attention, a gated (SwiGLU) MLP, sharding zero1, seq 8,192, whose error was not measured") in text
+
+
+def test_the_development_runs_themselves_get_no_caveat():
+    """#2: the caveat cannot fire on the development set: D4 (GPT-3 175B on 64 A100, tp 8 x pp 8, MHA,
+    GeLU, sharding none, seq 2,048: benchmarks/fidelity/) differs in nothing."""
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.plan_fidelity import plan_gaps, plan_setting_line
+    path = Path(__file__).parents[1] / "benchmarks" / "fidelity" / "megatron-175b_64xa100_tp8-pp8-vpp3_sp-selective.toml"
+    plan = build_plan(load_config(path))
+    assert plan_gaps(plan) == () and plan_setting_line("this mesh", plan) == ""

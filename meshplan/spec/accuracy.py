@@ -241,6 +241,57 @@ def setting_line(who: str, settings: tuple[Fidelity, ...], framework: str = "tor
     return (f"{head}: {who} lies where meshplan's step error was measured larger than on the development set "
             f"({DEVELOPMENT.text()}): {'; '.join(parts)}; measure before choosing")
 
+#: The development set (:data:`DEVELOPMENT`'s runs) as shared/reference/published-runs-dev.md gives it:
+#: Korthikanti et al. (arXiv 2205.05198) Tables 3 and 5, D1-D4, Megatron-LM of 2022 on DGX A100.
+DEV_SET = ("Megatron-LM of 2022 on 8-64 A100: tp 8, pp 1-8, no data parallelism, no cp, GPT with multi-head "
+           "attention and a GeLU MLP, no distributed optimizer, seq 2,048")
+DEV_GPUS = 64  #: the largest development run's GPUs (D3/D4, 175B on 64 A100)
+DEV_SEQ = 2048  #: every development run's sequence length
+
+
+def a100(gpu: str, cuda_sm: int = 0) -> bool:
+    """Whether ``gpu`` is an A100, the development set's part (compute capability 8.0, or the name
+    where ``cuda_sm`` is not stated).
+
+    >>> a100("a100-sxm-80gb", 80), a100("a100-sxm-40gb"), a100("h100-sxm5-80gb", 90)
+    (True, True, False)
+    """
+    return cuda_sm == 80 or (cuda_sm == 0 and gpu.lower().startswith("a100"))
+
+
+def development_gaps(gpus: int, dp: int, cp: int, gqa: bool, gated_mlp: bool, sharding: str,
+                     seq: int) -> tuple[str, ...]:
+    """How a plan differs from :data:`DEV_SET`: more than :data:`DEV_GPUS` GPUs, data parallelism
+    (``dp`` > 1), context parallelism (``cp`` > 1), grouped-query attention (``gqa``), a gated (SwiGLU)
+    MLP, a sharded optimizer (``sharding`` other than ``none``), another ``seq`` than :data:`DEV_SEQ`.
+
+    >>> development_gaps(4096, 16, 2, True, True, "zero1", 8192)
+    ('4,096 GPUs', 'dp 16', 'cp 2', 'grouped-query attention', 'a gated (SwiGLU) MLP', 'sharding zero1', 'seq 8,192')
+    >>> development_gaps(64, 1, 1, False, False, "none", 2048)
+    ()
+    """
+    gaps = [(gpus > DEV_GPUS, f"{gpus:,} GPUs"), (dp > 1, f"dp {dp}"), (cp > 1, f"cp {cp}"),
+            (gqa, "grouped-query attention"), (gated_mlp, "a gated (SwiGLU) MLP"),
+            (sharding != "none", f"sharding {sharding}"), (seq != DEV_SEQ, f"seq {seq:,}")]
+    return tuple(words for differs, words in gaps if differs)
+
+
+def development_line(who: str, gaps: tuple[str, ...], head: str = "warning") -> str:
+    """One line where ``who``, an A100 plan in no measured setting (:func:`settings_of`), differs from
+    the development set (``gaps``, :func:`development_gaps`): its 1.8% is not this plan's measured error
+    (newcomer trial 51: Llama-3-405B on 4,096 A100 with dp 16 and cp 2 got only the generic note); ""
+    where it does not differ.
+
+    >>> print(development_line("this mesh", ("dp 16", "cp 2"), "note"))
+    note: this mesh lies outside the development set (Megatron-LM of 2022 on 8-64 A100: tp 8, pp 1-8, no data parallelism, no cp, GPT with multi-head attention and a GeLU MLP, no distributed optimizer, seq 2,048), where meshplan's step error was measured (mean |error| 1.8%, max 2.9%): here dp 16, cp 2, whose error was not measured (docs/fidelity.md); measure before choosing
+    """
+    if not gaps:
+        return ""
+    return (f"{head}: {who} lies outside the development set ({DEV_SET}), where meshplan's step error was "
+            f"measured ({DEVELOPMENT.text()}): here {', '.join(gaps)}, whose error was not measured "
+            "(docs/fidelity.md); measure before choosing")
+
+
 #: Tokens/s a restart mesh changing pp, tp or cp must plan beyond the job's kind (module docstring): a
 #: judgement, set to the largest mean |error| measured when it was set (torchtitan H100 runs, 29.4%,
 #: before the 500 W part's fp8 and attention scales brought that benchmark to 17.1%, 17.4% since
