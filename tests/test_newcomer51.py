@@ -70,3 +70,41 @@ def test_the_development_runs_themselves_get_no_caveat():
     path = Path(__file__).parents[1] / "benchmarks" / "fidelity" / "megatron-175b_64xa100_tp8-pp8-vpp3_sp-selective.toml"
     plan = build_plan(load_config(path))
     assert plan_gaps(plan) == () and plan_setting_line("this mesh", plan) == ""
+
+
+def test_plan_and_step_json_carry_the_accuracy_note(tmp_path, capsys):
+    """#3: the text of ``plan`` and ``step`` printed the measured-error note (#1's H200 line), their --json
+    had no trace of it. Both documents now carry ``warnings``: the lines the text prints beside the verdict
+    (report/plan_warnings.plan_warnings), here the one note, the same words as the text's."""
+    import json
+    for cmd in ("plan", "step"):
+        out_json = tmp_path / f"{cmd}.json"
+        rc, out, _ = _run([cmd, DATA / "b_h200_core.toml", "--json", out_json], capsys)
+        doc = json.loads(out_json.read_text())
+        notes = [w for w in doc["warnings"] if w.startswith("note: this mesh lies where")]
+        assert rc == 0 and len(notes) == 1, cmd
+        assert " ".join(notes[0].split()) in " ".join(out.split()), cmd
+        assert "framework megatron on H200" in notes[0]
+
+
+def test_search_json_and_html_carry_the_accuracy_lines(tmp_path):
+    """#3: search's text prints row 1's setting line and the MFU caveat; --json's top[0] had no such line
+    and --html no caveat (search --help: the page holds every line the text prints). A two-node dgx-h200
+    search of Llama-3-8B under megatron (row 1 dp_shard 16, zero3 across both nodes: SC'21's line) now has top[0].accuracy_warning equal to the text's line and accuracy_note the caveat, and the
+    page has both."""
+    from meshplan.config import load_config
+    from meshplan.report.html_pages import search_page
+    from meshplan.report.search import search_to_dict
+    from meshplan.report.search_lines import setting_lines
+    from meshplan.search.driver import search
+    path = tmp_path / "s.toml"
+    path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h200"\nnodes = 2\n[training]\n'
+                    'global_batch = 64\nseq_len = 4096\nmicro_batch = 1\nframework = "megatron"\n'
+                    'sharding = "zero1"\nrecompute = "full"\n')
+    r = search(load_config(path, require_mesh=False), workers=1)
+    line = setting_lines(r)[0]
+    assert "ZeRO-3 sharded across nodes" in line
+    doc = search_to_dict(r)
+    assert doc["top"][0]["accuracy_warning"] == line and doc["accuracy_note"] == accuracy.mfu_caveat()
+    page = search_page(r, "s")
+    assert accuracy.mfu_caveat().split(";")[0] in page and "ZeRO-3 sharded across nodes" in page
