@@ -121,3 +121,22 @@ def test_the_tight_line_states_the_peaks_measured_error():
                          "above it since that gap was itemised (not re-measured; docs/fidelity.md)")
     assert (round(6.900 / 5.062 - 1, 3), round(5.664 / 5.345 - 1, 3)) == (0.363, 0.060)
     assert (round(21.103 / 21.068 - 1, 3), round(9.640 / 8.706 - 1, 3)) == (0.002, 0.107)
+
+
+def test_reliability_takes_a_failure_rate_and_a_calibration(tmp_path, capsys):
+    """#5: reliability had no option for the failure rate (only Llama 3's 4.74e-4 per GPU-day: 419 / (54 x
+    16,384)) nor step's --calibration. With --gpu-failure-rate 1e-3 the trial's 1,536 H200 see 1,536 x 1e-3
+    = 1.536 interruptions a day, MTBF 24 / 1.536 = 15.6 h, the line saying the rate was given; with the
+    trial's RoCE calibration (nic 37.32 GB/s, fitted from its 2-node all-reduce) the calibration header
+    prints and the JSON carries it; a rate of 0 is a one-line error naming the option."""
+    import json
+    out_json = tmp_path / "rel.json"
+    rc, out, _ = _run(["reliability", DATA / "b_h200_core.toml", "--gpu-failure-rate", "1e-3", "--calibration",
+                       DATA / "roce_cal.toml", "--json", out_json], capsys)
+    assert rc == 0
+    assert "1536 GPUs x 0.001 interruptions per GPU-day = 1.54 per day; MTBF 15.62 h (rate given" in out
+    assert "links calibrated from" in out and "nic 37.32 GB/s" in out
+    doc = json.loads(out_json.read_text())
+    assert doc["rate_per_gpu_day"] == 1e-3 and doc["calibration"]["line"].endswith("nic 37.32 GB/s")
+    rc, _, err = _run(["reliability", DATA / "b_h200_core.toml", "--gpu-failure-rate", "0"], capsys)
+    assert rc == 2 and err.strip().startswith("error: --gpu-failure-rate: 0 is outside")
