@@ -140,3 +140,14 @@ def test_reliability_takes_a_failure_rate_and_a_calibration(tmp_path, capsys):
     assert doc["rate_per_gpu_day"] == 1e-3 and doc["calibration"]["line"].endswith("nic 37.32 GB/s")
     rc, _, err = _run(["reliability", DATA / "b_h200_core.toml", "--gpu-failure-rate", "0"], capsys)
     assert rc == 2 and err.strip().startswith("error: --gpu-failure-rate: 0 is outside")
+
+
+def test_a_catalog_node_without_gpu_takes_its_gpu(tmp_path, capsys):
+    """#6: ``node = "dgx-h200"`` without ``gpu`` failed with 'cluster.gpu: required key missing' though the
+    catalog node names its GPU (nodes.toml: dgx-h200's gpu = "h200-sxm-141gb"). Now it takes that GPU: the
+    trial's H200 job without its gpu line plans 192 nodes x 8 h200-sxm-141gb = 1,536 GPUs."""
+    path = tmp_path / "nogpu.toml"
+    path.write_text("".join(line for line in (DATA / "b_h200_core.toml").read_text().splitlines(True)
+                            if not line.startswith("gpu = ")))
+    rc, out, err = _run(["plan", path], capsys)
+    assert rc == 0 and "192 nodes x 8 h200-sxm-141gb" in out and "world 1536" in out
