@@ -151,3 +151,18 @@ def test_a_catalog_node_without_gpu_takes_its_gpu(tmp_path, capsys):
                             if not line.startswith("gpu = ")))
     rc, out, err = _run(["plan", path], capsys)
     assert rc == 0 and "192 nodes x 8 h200-sxm-141gb" in out and "world 1536" in out
+
+
+def test_compare_says_same_cluster(tmp_path, capsys):
+    """#7: compare refuses two clusters (the trial's H100 against H200 configs: 'cluster.gpu.name differs'),
+    but its docs said only 'the same workload'. --help and docs/commands.md now say the same cluster, and
+    the refusal they quote is what compare prints."""
+    h100 = tmp_path / "h100.toml"
+    h100.write_text("".join(line.replace('"dgx-h200"', '"dgx-h100"') for line in
+                            (DATA / "b_h200_core.toml").read_text().splitlines(True) if not line.startswith("gpu = ")))
+    rc, _, err = _run(["compare", DATA / "b_h200_core.toml", h100], capsys)
+    assert rc == 2 and err.startswith("error: compare: cluster.gpu.name differs:")
+    docs = (Path(__file__).parents[1] / "docs" / "commands.md").read_text()
+    assert "for the same workload on the same\ncluster" in docs and "`compare: cluster.gpu.name differs: ...`" in docs
+    from meshplan.cli.search_cmds import compare_cmd
+    assert "the same cluster (another is refused" in " ".join((compare_cmd.__doc__ or "").split())
