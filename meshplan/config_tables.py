@@ -263,13 +263,16 @@ def read_cluster(t: dict) -> ClusterSpec:
 def _named_parts(t: dict) -> dict:
     """An inline [cluster] table with the catalog's names resolved where a table or list goes:
     ``network = "superpod-hdr-su20"`` (a catalog network's tiers), ``node = "dgx-a100-40gb"`` (a catalog
-    node) and ``node.busbw = { nvlink = "a100-nvlink3-ring" }`` (a catalog ``nccl.toml`` curve). A
+    node, and its GPU where ``gpu`` is not given) and ``node.busbw = { nvlink = "a100-nvlink3-ring" }`` (a
+    catalog ``nccl.toml`` curve). A
     value of another type (``network``, ``node``, ``node.busbw`` or one of its curves) is a ConfigError
     naming the field and both forms.
 
     >>> t = _named_parts({"network": "superpod-hdr-su20", "node": {"busbw": {"nvlink": "a100-nvlink3-ring"}}})
     >>> [tier["name"] for tier in t["network"]], t["node"]["busbw"]["nvlink"]["ranks"]
     (['leaf', 'spine'], 8)
+    >>> _named_parts({"node": "dgx-h200"})["gpu"]["name"]
+    'h200-sxm-141gb'
     >>> _named_parts({"network": 3})
     Traceback (most recent call last):
     meshplan.errors.ConfigError: cluster.network: give a catalog network name (meshplan catalog network) or a list of tier tables [{ name = ..., latency_us = ..., nodes_per_domain = ..., oversubscription = ... }, ...] (got int 3)
@@ -287,6 +290,8 @@ def _named_parts(t: dict) -> dict:
     if isinstance(node, str):
         with _as_field("cluster.node"):
             t["node"] = catalog.node(node).model_dump()
+            if "gpu" not in t:  # the catalog node's own GPU (newcomer trial 51: node = "dgx-h200" alone)
+                t["gpu"] = catalog.gpu(catalog.entry("node", node)["gpu"]).model_dump()
     elif node is not None and not isinstance(node, dict):
         raise ConfigError("cluster.node", f"give a catalog node name (meshplan catalog node) or a [cluster.node] "
                                           f"table (docs/input.md) (got {type(node).__name__} {node!r:.40})")

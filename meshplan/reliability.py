@@ -284,7 +284,8 @@ class Reliability:
         m, c = self.mtbf_s, self.write_s
         return [f"{self.gpus} GPUs x {self.rate_per_gpu_day:.3g} interruptions per GPU-day = "
                 f"{interruptions_per_day(self.gpus, self.rate_per_gpu_day):.3g} per day; MTBF {m / 3600:.2f} h "
-                f"(default rate: Llama 3, arXiv 2407.21783 3.3.4, 419 / (54 d x 16384))",
+                + ("(default rate: Llama 3, arXiv 2407.21783 3.3.4, 419 / (54 d x 16384))"
+                   if self.rate_per_gpu_day == DEFAULT_RATE_PER_GPU_DAY else "(rate given: --gpu-failure-rate)"),
                 "failure domains: " + "; ".join(d.text for d in self.domains),
                 self.size_line(),
                 self.dcp_line(),

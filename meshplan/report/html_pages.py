@@ -34,6 +34,7 @@ from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes, reserved_line
 from meshplan.report.plan_warnings import plan_notes, plan_warnings
 from meshplan.report.memory_plot import png_bytes
+from meshplan.spec.accuracy import mfu_caveat
 from meshplan.report.search import count_lines, header_lines, outcome_rows, rejected_lines, table_lines, top_table
 from meshplan.report.search_fix import infeasible_verdict
 from meshplan.report.search_lines import configured_lines, table_heading
@@ -252,6 +253,6 @@ def search_page(r: SearchResult, name: str, note: str = "") -> str:
                                 table(columns, rows) + lines(table_lines(r)))
     body = [section("Searched", lines(header_lines(r))), ranked,
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r) + lines(count_lines(r))
-                    + lines(f"note: {n}" for n in r.notes))]
+                    + lines([f"note: {n}" for n in r.notes] + [mfu_caveat()]))]
     return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}"
                 + (f"; {note}" if note else ""), body)

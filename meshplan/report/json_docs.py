@@ -23,6 +23,7 @@ from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.score import weights_from_table
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import plain_data, timeline_summary
+from meshplan.report.plan_warnings import plan_warnings
 from meshplan.schedule.link_spill import other_stage_loads
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.nic_sharing import nic_waits
@@ -120,7 +121,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
     :func:`meshplan.schedule.nic_sharing.nic_waits`, stage 0), load per physical link, bytes each rank sends per step by axis on
     the stage whose ranks send the most (``sent_bytes_stage``,
     :func:`meshplan.schedule.stage_traffic.traffic_stage`: not a MoE model's dense stage 0), the
-    network verdict. ``bw``: :func:`meshplan.schedule.waits.bubble_wait`
+    network verdict, the ``warnings`` the text prints beside it (:func:`meshplan.report.plan_warnings.plan_warnings`:
+    tight, retry, the measured-error setting's note; newcomer trial 51). ``bw``: :func:`meshplan.schedule.waits.bubble_wait`
     of ``st``, as the verdict lines were made with it (computed once by the caller)."""
     p = st.pipeline
     return envelope("step", plan, step_s=st.step_s, schedule=_schedule(st), stages=p.spec.p,
@@ -138,7 +140,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     links=[_link(e) for e in edge_loads(plan, st)], other_stage_links=_other_links(plan, st),
                     sent_bytes_per_step=weights_from_table(plan.stage(traffic_stage(plan)).collectives),
                     sent_bytes_stage=traffic_stage(plan),
-                    verdict=list(verdict), notes=list(st.notes), trace=trace)
+                    verdict=list(verdict), notes=list(st.notes), warnings=plan_warnings(plan), trace=trace)
 
 
 def _bubbles(spec) -> dict[str, Optional[dict[str, float]]]:

@@ -24,6 +24,7 @@ from meshplan.memory.timeline import Timeline
 from meshplan.mesh.axes import megatron_lm_order
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import SCHEMA, Infeasible, Plan
+from meshplan.report.plan_warnings import plan_warnings
 
 
 def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
                   "training": c.training.model_dump(), "mesh": plan.spec.model_dump(),
                   "memory": c.memory.model_dump()},
         "world": plan.world, "feasible": plan.feasible, "reasons": list(plan.reasons),
-        "notes": list(plan.notes), "constraints": plain_data(plan.constraints),
+        "notes": list(plan.notes), "warnings": plan_warnings(plan), "constraints": plain_data(plan.constraints),
     }
     mesh, p = plan.mesh, plan.placement
     if mesh is None or p is None:
