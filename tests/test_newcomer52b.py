@@ -16,13 +16,14 @@ DATA = Path(__file__).parent / "data" / "nc52b2"
 
 
 def _run(capsys, *argv) -> str:
-    """``meshplan ARGV`` in this process: its stdout, whitespace collapsed (rich wraps lines);
-    exit status 0 or 1 (a verdict, not an error)."""
+    """``meshplan ARGV`` in this process: its stdout and stderr (the verdict and fix lines),
+    whitespace collapsed (rich wraps lines); exit status 0 or 1 (a verdict, not an error)."""
     try:
         main([str(a) for a in argv])
     except SystemExit as e:
         assert e.code in (0, 1, None), capsys.readouterr().err[-400:]
-    return " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr()
+    return " ".join((out.out + out.err).split())
 
 
 def test_hpz_secondary_partition_is_named_beside_the_persistent_state(capsys):
@@ -44,3 +45,20 @@ def test_hpz_secondary_partition_is_named_beside_the_persistent_state(capsys):
     nohpz = build_plan(load_config(DATA / "job_h100_z3_nohpz.toml"))
     assert nohpz.constraints.estimate.secondary_bytes == 0
     assert "secondary" not in kind_words(nohpz.config.training, dp=256)["params"]
+
+
+def test_fix_line_turns_hpz_off_before_asking_for_nodes(capsys):
+    """Llama-3-70B under DeepSpeed ZeRO-3, hpZ 8, on 8 nodes of A100 40GB (the trial's job_z3_8n):
+    peak 44.39 GiB over the usable 35.45 (39.4 GiB - 10%). hpZ's secondary copy is 70,553,706,496 x
+    2 B / 8 = 16.43 GiB of it, held at the peak (backward), so zero_hpz_partition_size 1 plans at
+    44.39 - 16.43 = 27.96 GiB, which fits on the 8 nodes given; the line said "32 nodes would". On 4
+    nodes (job_z3, 60.8 GiB) hpZ off alone (44.4 GiB) does not fit: the nodes are grown with it,
+    8 nodes (dp_shard 64), not 32."""
+    out = _run(capsys, "plan", DATA / "job_z3_8n.toml")
+    assert ("fix: training.zero_hpz_partition_size 1 (hpZ off: no secondary copy of the parameters) -> "
+            "peak 28.0 GiB (fits;") in out
+    assert "nodes would" not in out
+    four = _run(capsys, "plan", DATA / "job_z3.toml")
+    assert "on 4 nodes: 8 nodes would (training.zero_hpz_partition_size 1 (hpZ off" in four
+    assert "training.zero_hpz_partition_size 1 (hpZ off: no secondary copy of the parameters) -> peak 44.4 GiB" in four
+    assert "stage3_max_reuse_distance 0 (" not in four  # lowers nothing here: not offered, not applied with the rest
