@@ -84,3 +84,22 @@ def test_deepspeed_zero3_gets_the_sc21_figure_and_compare_quotes_it(capsys):
             "(mean |error| 34.4%, -28% to -41%): measure both before choosing") in out
     assert "2.9% max error on the development set: measure both" not in out
     assert "DeepSpeed's ZeRO-3 engine as on the SC'21 ZeRO-3 runs" in out and "torchtitan H100 runs" not in out
+
+
+def test_sub_group_size_is_said_not_modelled_with_what_it_would_add():
+    """DeepSpeed edaa722 stage3.py:2398-2412 (_prepare_fp32_grad_for_sub_group) copies each sub-group's
+    gradient partition to fp32 at the optimizer step, one sub-group at a time (freed at :2448-2453):
+    min(sub_group_size, the rank's partition) x 4 B, which the memory timeline does not hold. The
+    import listed the key as unused and no more; now a note says so with the bound: 1e8 elements x
+    4 B = 0.4 GB; unset, DeepSpeed's 1e9 (zero/config.py:175) x 4 B = 4.0 GB. Stage 2 has no
+    sub-groups: no note."""
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.deepspeed import read
+    opts = ImportOptions(cluster="dgx-h100", nodes=1, model="llama3-8b", seq_len=1024)
+    d = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True}}
+    notes = read(d | {"zero_optimization": {"stage": 3, "sub_group_size": 1e8}}, opts).all_notes()
+    line = next(n for n in notes if "sub_group_size 100,000,000 is not modelled" in n)
+    assert "min(sub_group_size, the rank's parameter partition) x 4 B at the optimizer step, up to 0.4 GB" in line
+    unset = read(d | {"zero_optimization": {"stage": 3}}, opts).all_notes()
+    assert any("sub_group_size (unset: DeepSpeed's 1,000,000,000" in n and "up to 4.0 GB" in n for n in unset)
+    assert not any("sub_group_size" in n for n in read(d | {"zero_optimization": {"stage": 2}}, opts).all_notes())
