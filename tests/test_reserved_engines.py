@@ -55,6 +55,8 @@ def test_deepspeed_release_frees_the_prefetch_buffer_it_holds():
 ENGINES = {
     "fsdp2 zero3": ({"sharding": "zero3"}, (["dp_shard"], [8])),
     "fsdp2 zero3 pp2": ({"sharding": "zero3"}, (["pp", "dp_shard"], [2, 4])),
+    "fsdp2 hsdp": ({"sharding": "hsdp"}, (["dp_replicate", "dp_shard"], [2, 4])),
+    "deepspeed-2021 zero3": ({"sharding": "zero3", "zero3_engine": "deepspeed-2021"}, (["dp_shard"], [8])),
     "deepspeed zero1": ({"sharding": "zero1", "zero12_engine": "deepspeed"}, (["dp_shard"], [8])),
     "deepspeed zero2": ({"sharding": "zero2", "zero12_engine": "deepspeed"}, (["dp_shard"], [8])),
     "deepspeed zero3": ({"sharding": "zero3", "zero3_engine": "deepspeed"}, (["dp_shard"], [8])),
