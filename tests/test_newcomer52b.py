@@ -26,14 +26,15 @@ def _run(capsys, *argv) -> str:
     return " ".join((out.out + out.err).split())
 
 
-def test_hpz_secondary_partition_is_named_beside_the_persistent_state(capsys):
+def test_hpz_secondary_partition_is_named_beside_the_persistent_state(capsys, tmp_path):
     """hpZ's secondary copy (DeepSpeed edaa722 partition_parameters.py:1872-1925, ds_secondary_tensor:
     aligned numel / g elements of every parameter in its dtype): Llama-3-70B's 70,553,706,496
     parameters / zero_hpz_partition_size 8 x 2 B = 17,638,426,624 B = 16.43 GiB a rank, in the
     timeline's peak (params 16.94 GiB = 16.43 + the 1/256 partition 0.51) but named nowhere
     before. Now the plan's persistent-state section names it with its formula, the first estimate
     adds it (4.11 state + 16.43 + 16.70 activations + 3.19 gathered = 40.42 GiB, was 23.99), and
-    memory's params line says 1/8 of its group beside 1/256."""
+    memory's params line says 1/8 of its group beside 1/256; the HTML report's memory section names
+    it under its persistent-state table as the text does."""
     out = _run(capsys, "plan", DATA / "job_h100_z3.toml")
     assert ("also held beside it: DeepSpeed ZeRO++ hpZ secondary partition: 70,553,706,496 params / "
             "zero_hpz_partition_size 8 x 2 B = 16.43 GiB per rank (ds_secondary_tensor") in out
@@ -42,6 +43,9 @@ def test_hpz_secondary_partition_is_named_beside_the_persistent_state(capsys):
     assert plan.constraints.estimate.secondary_bytes == 70_553_706_496 // 8 * 2 == 17_638_426_624
     words = kind_words(plan.config.training, dp=256)["params"]
     assert "(1/256 on each rank" in words and "secondary partition of them (1/8 on each rank of its group of 8)" in words
+    _run(capsys, "report", DATA / "job_h100_z3.toml", "--out", tmp_path / "r.html")
+    assert "also held beside it: DeepSpeed ZeRO++ hpZ secondary partition: 70,553,706,496 params" in \
+        (tmp_path / "r.html").read_text()
     nohpz = build_plan(load_config(DATA / "job_h100_z3_nohpz.toml"))
     assert nohpz.constraints.estimate.secondary_bytes == 0
     assert "secondary" not in kind_words(nohpz.config.training, dp=256)["params"]
