@@ -11,6 +11,8 @@ from meshplan.placement.assign import group_locality
 from meshplan.plan import Infeasible, Plan
 from meshplan.spec.accuracy import (Fidelity, a100, development_gaps, development_line, gpu_label, h100_rows,
                                     setting_line, settings_of)
+from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training_fields import DEEPSPEED_ZERO3
 
 
 def shard_nodes(plan: Plan) -> int:
@@ -25,13 +27,31 @@ def shard_nodes(plan: Plan) -> int:
     return group_locality(plan.placement, plan.mesh.groups(axis)).max_nodes if axis is not None else 1
 
 
+def fidelity_framework(t: TrainingSpec) -> str:
+    """The runtime whose measured error a plan's step carries: ``"deepspeed"`` where DeepSpeed's
+    engine runs its sharding (``zero3_engine`` ``deepspeed`` or ``deepspeed-2021`` at zero3,
+    ``zero12_engine = "deepspeed"`` at zero1/zero2; its TOML's ``framework`` is torch's), else
+    ``training.framework``.
+
+    >>> fidelity_framework(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", zero3_engine="deepspeed"))
+    'deepspeed'
+    >>> fidelity_framework(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3"))
+    'torch'
+    """
+    if (t.sharding == "zero3" and t.zero3_engine in DEEPSPEED_ZERO3) or \
+            (t.sharding in ("zero1", "zero2") and t.zero12_engine == "deepspeed"):
+        return "deepspeed"
+    return t.framework
+
+
 def plan_settings(plan: Plan | Infeasible) -> tuple[Fidelity, ...]:
-    """:func:`~meshplan.spec.accuracy.settings_of` of ``plan``; () for an infeasible mesh (no step)."""
+    """:func:`~meshplan.spec.accuracy.settings_of` of ``plan`` (its runtime by
+    :func:`fidelity_framework`); () for an infeasible mesh (no step)."""
     if not isinstance(plan, Plan):
         return ()
     t = plan.config.training
     g = plan.config.cluster.gpu
-    return settings_of(t.sharding, t.framework, g.name, shard_nodes(plan), g.cuda_sm)
+    return settings_of(t.sharding, fidelity_framework(t), g.name, shard_nodes(plan), g.cuda_sm)
 
 
 def plan_setting_line(who: str, plan: Plan | Infeasible, head: str = "warning") -> str:
@@ -46,7 +66,7 @@ def plan_setting_line(who: str, plan: Plan | Infeasible, head: str = "warning") 
     if not settings:
         return development_line(who, plan_gaps(plan), head) if a100(gpu.name, gpu.cuda_sm) else ""
     rows = h100_rows(t.linear_dtype == "fp8", bool(t.tp_comm_overlap) and mesh.degree("tp") > 1, mesh.degree("pp"))
-    return setting_line(who, settings, t.framework, rows, head, gpu_label(gpu.name))
+    return setting_line(who, settings, fidelity_framework(t), rows, head, gpu_label(gpu.name))
 
 
 def plan_gaps(plan: Plan) -> tuple[str, ...]:

@@ -71,6 +71,7 @@ from meshplan.interop.deepspeed_zero import (
     prefetch_memory,
     refuse_offload,
     runs_bf16_optimizer,
+    sub_group_note,
     zero3_training,
     zero12_training,
     zero_section,
@@ -256,6 +257,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
                      "zero_optimization.contiguous_gradients, read into training.contiguous_gradients: absent, false, "
                      "v0.3.13's default, bucket all-reduces; true, the default from v0.4.3, a reduce-scatter per "
                      "gradient)")
+        notes.append(sub_group_note(d["zero_optimization"]))
     tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
               "mesh": {"names": [data_axis(training["sharding"])], "shape": [world]}}  # dp_shard where ZeRO-3 shards
     used = USED | (ZERO12_USED if stage in (1, 2) and not bf16_opt else set()) | (

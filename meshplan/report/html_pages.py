@@ -30,6 +30,7 @@ from meshplan.report.html import (
     table,
     verdict_html,
 )
+from meshplan.memory.buffers import hpz_secondary_words
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes, reserved_line
 from meshplan.report.plan_warnings import plan_notes, plan_warnings
@@ -122,6 +123,8 @@ def _memory(plan: Plan, name: str) -> str:
                          f"headroom to {held}")
     body += table(["stage", "persistent state per rank (GiB)"],
                   [(s.stage, f"{s.total_bytes / GiB:.2f}") for s in plan.state])
+    sec = hpz_secondary_words(plan.config.training, max(plan.state, key=lambda s: s.total_bytes).params.total)
+    body += lines([f"also held beside it: {sec}"]) if sec else ""  # the text report's line (report.text)
     tl, notes = plan.timeline, kind_notes(plan)
     body += table(["kind", "at peak (GiB)", "max in step (GiB)", "what"],
                   [(k, f"{tl.peak.by_kind[k] / GiB:.2f}", f"{tl.max_by_kind[k] / GiB:.2f}", notes[k]) for k in KINDS

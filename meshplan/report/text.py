@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.compute.shapes import fused_qkv_words
+from meshplan.memory.buffers import hpz_secondary_words
 from meshplan.memory.state_estimates import megatron_estimate, megatron_withheld, zero_textbook_bytes
 from meshplan.mesh.axes import order_words
 from meshplan.mesh.resolve import Mesh
@@ -260,6 +261,10 @@ def _memory(plan: Plan, con: Console) -> None:
         con.print(f"[dim]DeepSpeed BF16_Optimizer also keeps the bf16 gradients (param.grad) beside the fp32 ones, "
                   f"whole, from each backward to the next: stage {big.stage} {big.params.total:,} x 2 B = "
                   f"{human_bytes(2 * big.params.total)} (in the memory timeline; its step reads the fp32 ones)[/]")
+    sec = hpz_secondary_words(t, max(states, key=lambda s: s.total_bytes).params.total)
+    if sec:  # held beside this state, in the memory timeline (memory.buffers.hpz_secondary_bytes)
+        con.print(f"[dim]also held beside it: {sec} (in the memory timeline and the first estimate; not in the "
+                  "textbook accounting)[/]")
     for line in _accounting_lines(plan, max(states, key=lambda s: s.total_bytes)):
         con.print(f"[dim]{line}[/]")
     e = plan.constraints.estimate
