@@ -145,6 +145,7 @@ from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attentio
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
 from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, bf16_optimizer_keys, deepspeed_engine, \
     ds_config, ds_path, ds_tables, pipe_layer_split
+from meshplan.interop import megatron_deepspeed_args as mds
 from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop import megatron_precision as precision
@@ -172,7 +173,8 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
-            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS, *precision.SWITCHES}
+            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS, *precision.SWITCHES,
+            *mds.SWITCHES}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -186,7 +188,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     flags.NO_MASK, "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
-    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS}
+    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS, *mds.FLAGS}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels", "--save"}
@@ -221,7 +223,8 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     notes = foreign_flags_note(args, USED, SWITCHES)
     notes += [f"{flag} given {len(vals)} times ({', '.join(map(str, vals))}): planned with the last, "
              f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
-    model = model_table(args, opts, notes)
+    # Megatron-DeepSpeed's model flags in Megatron-LM's spelling (megatron_deepspeed_args)
+    model = model_table(mds.lm_model_args(args, notes) if mds.is_megatron_deepspeed(args) else args, opts, notes)
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
     cluster = _with_nvls(cluster, exported, notes)
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}

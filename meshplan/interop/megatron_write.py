@@ -11,6 +11,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.megatron_attention import WRITTEN
 from meshplan.interop.megatron_deepspeed import deepspeed_flags, deepspeed_note, recompute_flags
+from meshplan.interop.megatron_deepspeed_args import mds_model_flags
 from meshplan.spec.recompute_modules import flags as recompute_module_flags
 from meshplan.interop.megatron_dispatch import dispatcher_flags
 from meshplan.interop.megatron_env import env_note
@@ -40,7 +41,9 @@ def write(cfg: Config) -> list[str]:
         raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
                           f"cp, tp); reorder the mesh to export it")
     deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
-    out = model_flags(m, t.seq_len)
+    deepspeed = deepspeed_flags(t)  # Megatron-DeepSpeed's engine, in place of Megatron-LM's sharding flags
+    # so Megatron-DeepSpeed's parser: the model in its spellings (megatron_deepspeed_args)
+    out = mds_model_flags(model_flags(m, t.seq_len)) if deepspeed is not None else model_flags(m, t.seq_len)
     out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",
             f"--context-parallel-size {deg.get('cp', 1)}"]
     out += [f"--expert-model-parallel-size {mesh.ep}"] * (mesh.ep > 1)
@@ -51,7 +54,6 @@ def write(cfg: Config) -> list[str]:
     out += [f"--cp-comm-type {'all_gather' if t.cp_attention == 'allgather' else 'p2p'}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += write_pipeline(cfg, mesh)
-    deepspeed = deepspeed_flags(t)  # Megatron-DeepSpeed's engine, in place of Megatron-LM's sharding flags
     out += deepspeed if deepspeed else sharding_flags(t.sharding, t.megatron_fsdp)
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
     out += ["--no-overlap-p2p-communication"] * (t.pp_p2p_overlap is False)

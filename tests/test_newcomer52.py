@@ -1,0 +1,85 @@
+"""Newcomer trial 52 (a Megatron-DeepSpeed user planning Llama-3-70B on A100 40GB and H100):
+Megatron-DeepSpeed's own model flags read as its parser reads them (microsoft/Megatron-DeepSpeed
+f4157be ``megatron/arguments.py``), its spellings written back by ``export`` and ``launch``, its
+``--use-flash-attn-v2`` timed as FlashAttention-2, and notes that say which parser a flag belongs to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.interop import megatron
+from meshplan.interop.common import ImportOptions
+from tests.cli_run import run_cli
+
+DATA = Path(__file__).resolve().parent / "data" / "nc52"
+#: The trial's script (tests/data/nc52/mds_pretrain_a100_vocab_rmsnorm.sh): Llama-3-70B's shape in
+#: Megatron-DeepSpeed's flags, 4 x 8 A100 40GB, tp 8 x pp 4, --deepspeed --zero-stage 1 with ds_mds.json.
+SCRIPT = (DATA / "mds_pretrain_a100_vocab_rmsnorm.sh").read_text()
+OPTS = ImportOptions(cluster="dgx-a100-40gb")
+
+
+def _read(text: str):
+    return megatron.read(text, OPTS, DATA)
+
+
+def test_megatron_deepspeed_gqa_rope_and_rmsnorm_give_llama3_70b():
+    """--num-key-value-heads 8 (arguments.py:623), --use-rotary-position-embeddings (630; parse_args
+    then drops the learned table, 314-317) and --normalization rmsnorm (647-648) are Llama-3-70B's
+    GQA, RoPE and RMSNorm. By hand, per layer: q and o 2 x 8192^2 = 134,217,728, k and v 2 x 8192 x
+    (8 x 128) = 16,777,216, the gated MLP 3 x 8192 x 28672 = 704,643,072, two norms 16,384:
+    855,654,400 (the trial's per-layer all-gather, 1,711,308,800 B / 2); x 80 = 68,452,352,000,
+    plus untied embedding and output 2 x 128256 x 8192 = 2,101,346,304 and the final norm 8192:
+    70,553,706,496. Read as the trial found it (kv 64, a learned 4096 x 8192 table) it was
+    79.98 B: k and v 2 x 8192 x 7168 x 80 = 9,395,240,960 more, and 33,554,432 positions."""
+    imported = _read(SCRIPT)
+    cfg = config_from_dict(imported.tables)
+    m = cfg.model
+    assert (m.q_heads, m.kv_heads, m.norm, m.position_embedding) == (64, 8, "rmsnorm", "rope")
+    assert m.param_count() == 70_553_706_496
+    unused = " ".join(imported.unused)
+    for flag in ("--num-key-value-heads", "--use-rotary-position-embeddings"):
+        assert flag not in unused
+
+
+def test_megatron_lm_s_legacy_rotary_switch_is_rope():
+    """Megatron-LM d98e8a6 keeps --use-rotary-position-embeddings as a legacy switch that sets the
+    position type to rope (megatron/training/arguments.py:1626-1627): read so there too, not a
+    learned table (llama3-8b's 8192 x 4096 = 33,554,432 parameters more)."""
+    text = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --vocab-size 128256 --seq-length 8192 "
+            "--max-position-embeddings 8192 --use-rotary-position-embeddings --micro-batch-size 1 --bf16")
+    model = megatron.read(text, ImportOptions(cluster="dgx-h100", nodes=1)).tables["model"]
+    assert model["position_embedding"] == "rope"
+
+
+@pytest.mark.parametrize("old, new, field, fix", [
+    ("--normalization rmsnorm", "--normalization RMSNorm", "--normalization", "write --normalization rmsnorm"),
+    ("--num-key-value-heads 8", "--group-query-attention --num-query-groups 8", "--group-query-attention",
+     "write --num-key-value-heads N"),
+    ("--use-rotary-position-embeddings", "--position-embedding-type rope", "--position-embedding-type",
+     "--use-rotary-position-embeddings"),
+    ("--swiglu", "--swiglu --num-experts 8", "--num-experts", "DeepSpeed-MoE"),
+])
+def test_megatron_lm_spellings_in_a_megatron_deepspeed_script_are_errors(old, new, field, fix):
+    """Megatron-DeepSpeed's parse_args is strict (arguments.py:57-60) and its choices are lower case
+    (647-648): Megatron-LM's spellings stop every rank, so the import says which flag and its
+    spelling; DeepSpeed-MoE's --num-experts (experts every --expert-interval-th layer) is not a
+    model meshplan plans, and is refused rather than read as Megatron-LM's MoE."""
+    assert old in SCRIPT
+    with pytest.raises(ConfigError) as e:
+        _read(SCRIPT.replace(old, new))
+    assert e.value.field == field and fix in e.value.message
+
+
+def test_trial_script_with_megatron_lm_norm_spelling_is_one_error_line(tmp_path, capsys):
+    """The trial's first script gave --normalization RMSNorm to Megatron-DeepSpeed (which refuses it)
+    and planned 64/64 kv heads silently; now one error line names the flag and the fix."""
+    path = tmp_path / "mds_pretrain_a100_novocabmodel.sh"
+    path.write_text(SCRIPT.replace("--normalization rmsnorm", "--normalization RMSNorm"))
+    rc, out, err = run_cli(["plan", str(path), "--cluster", "dgx-a100-40gb"], capsys)
+    assert rc != 0 and err.count("\n") == 1
+    assert err.startswith("error: --normalization: 'RMSNorm' is Megatron-LM's spelling") and "rmsnorm" in err
+
