@@ -83,3 +83,79 @@ def test_trial_script_with_megatron_lm_norm_spelling_is_one_error_line(tmp_path,
     assert rc != 0 and err.count("\n") == 1
     assert err.startswith("error: --normalization: 'RMSNorm' is Megatron-LM's spelling") and "rmsnorm" in err
 
+
+def _launched_flags(tmp_path, capsys, job: Path) -> list[str]:
+    """The ``--flags`` ``meshplan launch`` appends after ``python pretrain_gpt.py`` in torchrun.sh."""
+    rc, out, err = run_cli(["launch", str(job), "--out", str(tmp_path / "l"), "--", "python", "pretrain_gpt.py"],
+                           capsys)
+    assert rc == 0, err
+    line = next(w for w in (tmp_path / "l" / "torchrun.sh").read_text().splitlines() if "pretrain_gpt.py" in w)
+    return [w for w in line.split("pretrain_gpt.py", 1)[1].split() if w.startswith("--")]
+
+
+def test_launch_of_a_megatron_deepspeed_plan_writes_only_its_parser_s_flags(tmp_path, capsys):
+    """The trial's H100 plan (tests/data/nc52/job_mds_h100.toml: framework megatron, zero1 under
+    DeepSpeed's engine with fp32 gradients, i.e. BF16_Optimizer, --deepspeed --zero-stage 0) was
+    launched with --normalization RMSNorm, --position-embedding-type rope, --group-query-attention,
+    --num-query-groups, --rotary-base, --norm-epsilon and --context-parallel-size, none of which
+    Megatron-DeepSpeed f4157be's strict parser has (arguments.py:57-60): every rank would stop. Now
+    every appended flag is one of its 320 (tools/megatron_deepspeed_flag_list.py), Llama-3-70B's
+    model spelt its way (kv 8, RoPE base 500000, RMSNorm eps 1e-5), FlashAttention-2 as
+    --use-flash-attn-v2 (its --use-flash-attn is FA1, arguments.py:927)."""
+    from meshplan.interop.megatron_deepspeed_args import mds_flags
+    words = _launched_flags(tmp_path, capsys, DATA / "job_mds_h100.toml")
+    assert [w for w in words if w not in mds_flags()[0]] == []
+    for flag in ("--num-key-value-heads", "--use-rotary-position-embeddings", "--rotary-position-embeddings-theta",
+                 "--layernorm-epsilon", "--use-flash-attn-v2", "--normalization"):
+        assert words.count(flag) == 1, flag
+    assert "--use-flash-attn" not in words and "--context-parallel-size" not in words
+
+
+def test_megatron_deepspeed_export_reads_back_the_same_model(tmp_path, capsys):
+    """export --to megatron of the Megatron-DeepSpeed plan, imported back: the same Llama-3-70B
+    (64/8 heads, RoPE 500000, RMSNorm), no 'not expressed' line for the model."""
+    out = tmp_path / "mds.args"
+    rc, _, err = run_cli(["export", str(DATA / "job_mds_h100.toml"), "--to", "megatron", "-o", str(out)], capsys)
+    assert rc == 0, err
+    text = out.read_text()
+    assert "not expressed in megatron: model" not in text and "--normalization rmsnorm" in text
+    imported = megatron.read(text, ImportOptions(cluster="dgx-h100", nodes=32))
+    assert imported.tables["model"]["catalog"] == "llama3-70b"
+
+
+@pytest.mark.parametrize("update, field", [({"training": {"tp_comm_overlap": True}}, "training.tp_comm_overlap"),
+                                           ({"mesh": {"names": ["pp", "dp", "cp", "tp"], "shape": [4, 4, 2, 8]}},
+                                            "mesh.cp")])
+def test_megatron_deepspeed_export_refuses_what_its_parser_lacks(tmp_path, capsys, update, field):
+    """Megatron-DeepSpeed has no --tp-comm-overlap and no --context-parallel-size (neither is in
+    f4157be megatron/arguments.py): export refuses in one line naming the field."""
+    import tomllib
+    from meshplan.interop.tomlout import dumps
+    doc = tomllib.loads((DATA / "job_mds_h100.toml").read_text())
+    doc.pop("source", None)
+    for table, keys in update.items():
+        doc[table] |= keys
+    job = tmp_path / "job.toml"
+    job.write_text(dumps(doc, ()))
+    rc, _, err = run_cli(["export", str(job), "--to", "megatron", "-o", "-"], capsys)
+    assert rc != 0 and err.startswith(f"error: {field}") and err.count("\n") == 1
+
+
+def test_search_and_step_hint_no_tp_comm_overlap_for_megatron_deepspeed():
+    """The search varies tp_comm_overlap under Megatron-LM only, not Megatron-DeepSpeed (no such
+    flag): the trial's step hint and search row 1 recommended --tp-comm-overlap."""
+    from meshplan.config import load_config
+    from meshplan.search.space import overlap_searched
+    cfg = load_config(DATA / "job_mds_h100.toml")
+    assert cfg.training.megatron_deepspeed and not overlap_searched(cfg.training)
+    lm = cfg.training.model_copy(update={"zero12_engine": "megatron", "grad_dtype": None, "pp_engine": "framework"})
+    assert overlap_searched(lm)
+
+
+def test_step_of_megatron_deepspeed_hints_no_tp_comm_overlap(capsys):
+    """The trial's step_mds_h100.txt: 'hint: exposed tp is 20.4% of the step ... shorter with
+    training.tp_comm_overlap = true (Megatron-LM's --tp-comm-overlap ...)': a knob its runtime lacks."""
+    rc, out, err = run_cli(["step", str(DATA / "job_mds_h100.toml")], capsys)
+    assert rc == 0, err
+    assert "exposed tp" in out and "hint: exposed tp" not in out and "tp_comm_overlap" not in out
+

@@ -141,7 +141,7 @@ from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
-from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
+from meshplan.interop.megatron_attention import FLAG as ATTENTION, MDS_FLASH, read_attention
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
 from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, bf16_optimizer_keys, deepspeed_engine, \
     ds_config, ds_path, ds_tables, pipe_layer_split
@@ -174,7 +174,7 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
             "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS, *precision.SWITCHES,
-            *mds.SWITCHES}
+            *mds.SWITCHES, *MDS_FLASH}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -188,7 +188,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     flags.NO_MASK, "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
-    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS, *mds.FLAGS}
+    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS, *mds.FLAGS, *MDS_FLASH}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels", "--save"}

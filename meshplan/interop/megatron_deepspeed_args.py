@@ -33,9 +33,9 @@ DeepSpeed-Ulysses' ``--ds-sequence-parallel-size`` above 1), never silently unus
 
 The dialect (:func:`is_megatron_deepspeed`): ``--deepspeed`` (DeepSpeed's ``add_config_arguments``,
 which Megatron-LM's parser does not call) or a flag or value only Megatron-DeepSpeed's parser takes
-(:data:`MARKERS`, ``--normalization`` in lower case). A plan under DeepSpeed's engine, which
-``export --to megatron`` writes as ``--deepspeed``, has its model written in these spellings
-(:func:`mds_model_flags`).
+(:data:`MARKERS`, ``--normalization`` in lower case). A plan declares it by its engines
+(:attr:`~meshplan.spec.training_engines.TrainingEngines.megatron_deepspeed`): what ``export --to megatron``
+and ``launch`` write in these spellings (:func:`mds_model_flags`).
 """
 
 from __future__ import annotations
