@@ -159,3 +159,18 @@ def test_step_of_megatron_deepspeed_hints_no_tp_comm_overlap(capsys):
     assert rc == 0, err
     assert "exposed tp" in out and "hint: exposed tp" not in out and "tp_comm_overlap" not in out
 
+
+def test_megatron_deepspeed_flash_attention_is_timed_as_flash_attention_2():
+    """Megatron-DeepSpeed's --use-flash-attn-v2 calls flash_attn.flash_attn_interface.flash_attn_varlen_func
+    (f4157be megatron/model/transformer.py:50-55, 409), FlashAttention-2, not Transformer Engine's
+    fused attention: on an H100 the causal head-dim-128 row read is FA2's, where the same plan
+    under Megatron-LM's engines (distributed optimizer, no DeepSpeed) reads the catalog's FA3."""
+    from meshplan.compute.measured import attention_kernel, kernel_data
+    from meshplan.compute.ops import framework_kernels
+    from meshplan.config import load_config
+    t = load_config(DATA / "job_mds_h100.toml").training
+    lm = t.model_copy(update={"zero12_engine": "megatron", "grad_dtype": None, "pp_engine": "framework"})
+    h100 = kernel_data("h100-sxm5-80gb")
+    assert attention_kernel(h100, 128, framework_kernels(t)["attention_kernels"]) == "FA2"
+    assert attention_kernel(h100, 128, framework_kernels(lm)["attention_kernels"]) == "FA3"
+
