@@ -103,15 +103,18 @@ MDS_MISSING = {"tp_comm_overlap": "--tp-comm-overlap", "linear_dtype": "--fp8-fo
 
 
 def mds_refusals(t, cp: int) -> None:
-    """ConfigError naming the first knob of a Megatron-DeepSpeed plan (``t.megatron_deepspeed``)
-    that its parser has no flag for: cp > 1 (no ``--context-parallel-size``; its sequence
-    parallelism across ranks is DeepSpeed-Ulysses', ``--ds-sequence-parallel-size``, which meshplan
-    does not plan), or a :data:`MDS_MISSING` key set; each would stop every rank at start-up."""
+    """ConfigError naming the first knob of a plan written for Megatron-DeepSpeed (under DeepSpeed's
+    engine: ``--deepspeed``) that its parser has no flag for: cp > 1 (no ``--context-parallel-size``;
+    its sequence parallelism across ranks is DeepSpeed-Ulysses', ``--ds-sequence-parallel-size``,
+    which meshplan does not plan), or a :data:`MDS_MISSING` key set (``recompute_modules`` where
+    Megatron-LM would need its flag: selective recompute of more than its default, core attention);
+    each would stop every rank at start-up."""
     if cp > 1:
         raise ConfigError("mesh.cp", f"{cp}: Megatron-DeepSpeed has no --context-parallel-size ({MDS_SOURCE}; its "
                           f"DeepSpeed-Ulysses is not planned): set cp to 1, or plan Megatron-LM's engines")
+    modules = t.recompute == "selective" and bool(recompute_module_flags(t.recompute_modules))
     for key, flag in MDS_MISSING.items():
-        if getattr(t, key) not in (None, False, ()) and not (key == "recompute_modules" and t.recompute != "selective"):
+        if getattr(t, key) not in (None, False) and (key != "recompute_modules" or modules):
             raise ConfigError(f"training.{key}", f"Megatron-DeepSpeed's parser has no {flag} ({MDS_SOURCE}), so "
                               f"every rank would stop at start-up: unset it, or plan Megatron-LM's engines")
 
