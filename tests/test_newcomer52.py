@@ -174,3 +174,20 @@ def test_megatron_deepspeed_flash_attention_is_timed_as_flash_attention_2():
     assert attention_kernel(h100, 128, framework_kernels(t)["attention_kernels"]) == "FA2"
     assert attention_kernel(h100, 128, framework_kernels(lm)["attention_kernels"]) == "FA3"
 
+
+def test_megatron_deepspeed_notes_name_its_parser_not_megatron_lm_s():
+    """Trial 52 #15: the notes called --num-key-value-heads, --use-flash-attn-v2 and --deepspeed_config
+    'not flags of Megatron-LM ... its parser refuses them' in a script read as Megatron-DeepSpeed's,
+    whose parser defines them (f4157be megatron/arguments.py:623, 930; DeepSpeed's add_config_arguments),
+    and listed --use-flash-attn-v2 as unused while it set flash_attention. Now the foreign-flag note
+    is Megatron-DeepSpeed's (a Megatron-LM-only flag such as --tp-comm-overlap is named), the flash
+    switch is read, not unused, and the RoPE-base note names its --rotary-position-embeddings-theta
+    (default 10000, arguments.py:634-636)."""
+    imported = _read(SCRIPT.replace("--sequence-parallel", "--sequence-parallel --tp-comm-overlap"))
+    notes = "\n".join(imported.notes)
+    assert "not flags of Megatron-LM" not in notes and "--use-flash-attn-v2" not in " ".join(imported.unused)
+    foreign = [n for n in imported.notes if n.startswith("not flags of microsoft/Megatron-DeepSpeed f4157be")]
+    assert foreign == ["not flags of microsoft/Megatron-DeepSpeed f4157be: --tp-comm-overlap (its parser refuses "
+                       "them; BigScience's fork or your training script may add them)"]
+    assert imported.tables["training"]["flash_attention"] is True
+    assert "add --rotary-position-embeddings-theta 500000 to train it" in notes and "--rotary-base" not in notes

@@ -217,14 +217,17 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                               f"for a positional argument and exits (unrecognized arguments: {flag}); fix: write "
                               f"it as two words, or expand the array unquoted, ${{ARR[@]}}, as Megatron-LM's examples do")
     for flag in args:  # near misses of a flag meshplan reads, or of any of Megatron-LM's (megatron_known)
-        typo = misspelt_flag(flag, USED, SWITCHES | NEAR_FLAGS)
+        typo = misspelt_flag(flag, USED, SWITCHES | NEAR_FLAGS | mds.mds_flags()[0])
         if typo is not None:
             raise typo
-    notes = foreign_flags_note(args, USED, SWITCHES)
+    dialect = mds.is_megatron_deepspeed(args)  # its parser's flags, not Megatron-LM's (megatron_deepspeed_args)
+    notes = mds.foreign_note(args) if dialect else foreign_flags_note(args, USED, SWITCHES)
     notes += [f"{flag} given {len(vals)} times ({', '.join(map(str, vals))}): planned with the last, "
              f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
-    # Megatron-DeepSpeed's model flags in Megatron-LM's spelling (megatron_deepspeed_args)
-    model = model_table(mds.lm_model_args(args, notes) if mds.is_megatron_deepspeed(args) else args, opts, notes)
+    # Megatron-DeepSpeed's model flags in Megatron-LM's spelling, its notes in its own (megatron_deepspeed_args)
+    before = len(notes)
+    model = model_table(mds.lm_model_args(args, notes) if dialect else args, opts, notes)
+    notes[before:] = [mds.respelt(n) for n in notes[before:]] if dialect else notes[before:]
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
     cluster = _with_nvls(cluster, exported, notes)
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}

@@ -192,3 +192,35 @@ def mds_model_flags(lm: list[str]) -> list[str]:
             out.append(f"{back.get(flag, flag)} {value}".strip())
     return out
 
+
+def foreign_note(args: dict) -> list[str]:
+    """The note naming the flags of Megatron-DeepSpeed arguments ``args`` that its parser does not
+    have (:func:`mds_flags`; torchrun's ``--nnodes`` aside), in place of the Megatron-LM note
+    (:func:`meshplan.interop.megatron_known.foreign_flags_note`), which named its real flags
+    (``--num-key-value-heads``, ``--use-flash-attn-v2``, ``--deepspeed_config``) as refused.
+
+    >>> foreign_note({"--num-key-value-heads": "8", "--context-parallel-size": "2", "--tp-comm-overlap": True})
+    ["not flags of microsoft/Megatron-DeepSpeed f4157be: --context-parallel-size, --tp-comm-overlap (its parser refuses them; BigScience's fork or your training script may add them)"]
+    """
+    other = [f for f in args if f not in mds_flags()[0] and f != "--nnodes"]
+    return [f"not flags of microsoft/Megatron-DeepSpeed f4157be: {', '.join(other)} (its parser refuses them; "
+            f"BigScience's fork or your training script may add them)"] if other else []
+
+
+#: Megatron-LM's words in the model notes (:func:`meshplan.interop.megatron_model.model_table`) -> Megatron-DeepSpeed's
+#: (its defaults are Megatron-LM's: RoPE base 10000, arguments.py:634-636; epsilon 1e-5, 652).
+NOTE_WORDS = {**{lm: mine for mine, lm in SPELLINGS.items()}, POSITION: ROTARY,
+              "Megatron-LM's default": "Megatron-DeepSpeed's default"}
+
+
+def respelt(note: str) -> str:
+    """A model note in Megatron-DeepSpeed's words (:data:`NOTE_WORDS`; ``--group-query-attention``
+    dropped, ``--num-key-value-heads`` says GQA).
+
+    >>> respelt("not --rotary-base (Megatron-LM's default 10000; llama3-70b: 500000): add --rotary-base 500000")
+    "not --rotary-position-embeddings-theta (Megatron-DeepSpeed's default 10000; llama3-70b: 500000): add --rotary-position-embeddings-theta 500000"
+    """
+    note = note.replace("--group-query-attention, ", "")
+    for lm, mine in NOTE_WORDS.items():
+        note = note.replace(lm, mine)
+    return note
