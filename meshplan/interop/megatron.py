@@ -141,10 +141,11 @@ from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
-from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
+from meshplan.interop.megatron_attention import FLAG as ATTENTION, MDS_FLASH, read_attention
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
 from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, bf16_optimizer_keys, deepspeed_engine, \
     ds_config, ds_path, ds_tables, pipe_layer_split
+from meshplan.interop import megatron_deepspeed_args as mds
 from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop import megatron_precision as precision
@@ -172,7 +173,8 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
-            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS, *precision.SWITCHES}
+            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS, *precision.SWITCHES,
+            *mds.SWITCHES, *MDS_FLASH}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -186,7 +188,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     flags.NO_MASK, "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
-    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS}
+    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS, *mds.FLAGS, *MDS_FLASH}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels", "--save"}
@@ -215,13 +217,17 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                               f"for a positional argument and exits (unrecognized arguments: {flag}); fix: write "
                               f"it as two words, or expand the array unquoted, ${{ARR[@]}}, as Megatron-LM's examples do")
     for flag in args:  # near misses of a flag meshplan reads, or of any of Megatron-LM's (megatron_known)
-        typo = misspelt_flag(flag, USED, SWITCHES | NEAR_FLAGS)
+        typo = misspelt_flag(flag, USED, SWITCHES | NEAR_FLAGS | mds.mds_flags()[0])
         if typo is not None:
             raise typo
-    notes = foreign_flags_note(args, USED, SWITCHES)
+    dialect = mds.is_megatron_deepspeed(args)  # its parser's flags, not Megatron-LM's (megatron_deepspeed_args)
+    notes = mds.foreign_note(args) if dialect else foreign_flags_note(args, USED, SWITCHES)
     notes += [f"{flag} given {len(vals)} times ({', '.join(map(str, vals))}): planned with the last, "
              f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
-    model = model_table(args, opts, notes)
+    # Megatron-DeepSpeed's model flags in Megatron-LM's spelling, its notes in its own (megatron_deepspeed_args)
+    before = len(notes)
+    model = model_table(mds.lm_model_args(args, notes) if dialect else args, opts, notes)
+    notes[before:] = [mds.respelt(n) for n in notes[before:]] if dialect else notes[before:]
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
     cluster = _with_nvls(cluster, exported, notes)
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.megatron_attention import WRITTEN
+from meshplan.interop.megatron_attention import FLASH_V2, WRITTEN
+from meshplan.interop.megatron_deepspeed_args import SOURCE as MDS_SOURCE, mds_model_flags
 from meshplan.interop.megatron_deepspeed import deepspeed_flags, deepspeed_note, recompute_flags
 from meshplan.spec.recompute_modules import flags as recompute_module_flags
 from meshplan.interop.megatron_dispatch import dispatcher_flags
@@ -40,9 +41,13 @@ def write(cfg: Config) -> list[str]:
         raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
                           f"cp, tp); reorder the mesh to export it")
     deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
-    out = model_flags(m, t.seq_len)
-    out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",
-            f"--context-parallel-size {deg.get('cp', 1)}"]
+    deepspeed = deepspeed_flags(t)  # Megatron-DeepSpeed's engine, in place of Megatron-LM's sharding flags
+    mds = deepspeed is not None  # so Megatron-DeepSpeed's parser: its spellings, no Megatron-LM-only knob
+    if mds:
+        mds_refusals(t, deg.get("cp", 1))
+    out = mds_model_flags(model_flags(m, t.seq_len)) if mds else model_flags(m, t.seq_len)
+    out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}"]
+    out += [] if mds else [f"--context-parallel-size {deg.get('cp', 1)}"]
     out += [f"--expert-model-parallel-size {mesh.ep}"] * (mesh.ep > 1)
     # at ep 1 too: Megatron-LM defaults etp to tp (arguments.py:587-588), so the planned etp is written
     out += [f"--expert-tensor-parallel-size {mesh.etp}"] * (mesh.ep > 1 or (m.is_moe and deg.get("tp", 1) > 1))
@@ -51,7 +56,6 @@ def write(cfg: Config) -> list[str]:
     out += [f"--cp-comm-type {'all_gather' if t.cp_attention == 'allgather' else 'p2p'}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += write_pipeline(cfg, mesh)
-    deepspeed = deepspeed_flags(t)  # Megatron-DeepSpeed's engine, in place of Megatron-LM's sharding flags
     out += deepspeed if deepspeed else sharding_flags(t.sharding, t.megatron_fsdp)
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
     out += ["--no-overlap-p2p-communication"] * (t.pp_p2p_overlap is False)
@@ -75,18 +79,44 @@ def write(cfg: Config) -> list[str]:
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out and not deepspeed)
     # Megatron-DeepSpeed has no --attention-backend: without a flash switch it runs its CoreAttention
     # (microsoft/Megatron-DeepSpeed f4157be megatron/model/transformer.py:528-531)
-    out += ["--tp-comm-overlap"] * t.tp_comm_overlap + [WRITTEN[t.flash_attention]] * (t.flash_attention or not deepspeed)
+    # and its --use-flash-attn is FlashAttention 1 (--use-flash-attn-v1's alias, arguments.py:927): FA2 is --use-flash-attn-v2
+    flash = FLASH_V2 if mds and t.flash_attention else WRITTEN[t.flash_attention]
+    out += ["--tp-comm-overlap"] * t.tp_comm_overlap + [flash] * (t.flash_attention or not deepspeed)
     out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
     out += [f"--clip-grad {t.grad_clip_norm!r}"] * (t.grad_clip_norm is not None)
     out += [f"--save-interval {cfg.checkpoint_interval_steps}"] * bool(cfg.checkpoint_interval_steps)
     # Megatron-LM's default dropout is 0.1 (:data:`DROPOUT`): a plan without dropout says 0.0
     out += [] if cfg.memory.dropout else [f"{flag} 0.0" for flag in DROPOUT]
-    out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False)
+    out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False and not mds)
     factor, dropless = t.moe_routing
     if m.is_moe and not dropless:  # Megatron-LM's default (and a plan's unset routing) is dropless
         out += [f"--moe-expert-capacity-factor {factor!r}"]  # deepep: Megatron-LM refuses the padding flag
         out += ["--moe-pad-expert-input-to-capacity"] * (t.moe_dispatcher != "deepep")
     return out
+
+
+#: Megatron-LM knobs a plan can hold that Megatron-DeepSpeed's parser has no flag for (microsoft/Megatron-DeepSpeed
+#: f4157be megatron/arguments.py): the
+#: training key (as a test of the plan) -> the flag Megatron-LM writes.
+MDS_MISSING = {"tp_comm_overlap": "--tp-comm-overlap", "linear_dtype": "--fp8-format",
+               "fp8_param_gather": "--fp8-param-gather", "recompute_modules": "--recompute-modules"}
+
+
+def mds_refusals(t, cp: int) -> None:
+    """ConfigError naming the first knob of a plan written for Megatron-DeepSpeed (under DeepSpeed's
+    engine: ``--deepspeed``) that its parser has no flag for: cp > 1 (no ``--context-parallel-size``;
+    its sequence parallelism across ranks is DeepSpeed-Ulysses', ``--ds-sequence-parallel-size``,
+    which meshplan does not plan), or a :data:`MDS_MISSING` key set (``recompute_modules`` where
+    Megatron-LM would need its flag: selective recompute of more than its default, core attention);
+    each would stop every rank at start-up."""
+    if cp > 1:
+        raise ConfigError("mesh.cp", f"{cp}: Megatron-DeepSpeed has no --context-parallel-size ({MDS_SOURCE}; its "
+                          f"DeepSpeed-Ulysses is not planned): set cp to 1, or plan Megatron-LM's engines")
+    modules = t.recompute == "selective" and bool(recompute_module_flags(t.recompute_modules))
+    for key, flag in MDS_MISSING.items():
+        if getattr(t, key) not in (None, False) and (key != "recompute_modules" or modules):
+            raise ConfigError(f"training.{key}", f"Megatron-DeepSpeed's parser has no {flag} ({MDS_SOURCE}), so "
+                              f"every rank would stop at start-up: unset it, or plan Megatron-LM's engines")
 
 
 def sharding_flags(sharding: str, fsdp: bool = False) -> list[str]:

@@ -264,6 +264,24 @@ class TrainingEngines(TrainingRecompute):
                 and self.grad_dtype == "fp32")
 
     @property
+    def megatron_deepspeed(self) -> bool:
+        """Whether Megatron-DeepSpeed runs this training, so that its arguments are written in its
+        parser's spellings (:mod:`meshplan.interop.megatron_deepspeed_args`): framework ``megatron``
+        with the sharding under one of DeepSpeed's engines (none ``zero0_engine``, zero1 and zero2
+        ``zero12_engine``, zero3 ``zero3_engine`` = "deepspeed"), which Megatron-LM cannot start
+        (its parser has no ``--deepspeed``) and an import of ``--deepspeed --zero-stage N`` gives
+        (:func:`meshplan.interop.megatron_deepspeed.deepspeed_engine`), as ``export`` writes it.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> mds = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1", zero12_engine="deepspeed")
+        >>> mds.megatron_deepspeed, mds.model_copy(update={"zero12_engine": "megatron"}).megatron_deepspeed
+        (True, False)
+        """
+        engine = {"none": self.zero0_engine, "zero1": self.zero12_engine, "zero2": self.zero12_engine,
+                  "zero3": self.zero3_engine}.get(self.sharding)
+        return self.framework == "megatron" and engine == "deepspeed"
+
+    @property
     def has_op_recompute(self) -> bool:
         """Whether the training's framework has torchtitan's op-level selective AC
         (``recompute = "op"``): torch with FSDP2, not Megatron-LM nor either DeepSpeed engine
