@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 
 from meshplan.cli import main
 from meshplan.config import config_from_dict, load_config
 from meshplan.plan import build_plan
+from meshplan.report.json_docs import schema_of
 from meshplan.schedule.comm_streams import DATA_STEP_AXES
 from meshplan.schedule.linkload import step_rows, timings
 from meshplan.schedule.steptime import step_time
@@ -97,7 +99,9 @@ def test_newcomer_405b_zero1_lists_the_reduce_scatter(tmp_path, capsys):
         main(["step", str(A_H100_CP2), "--json", str(out)])
     assert done.value.code == 0
     text = capsys.readouterr().out
-    listed = {(c["stream"], c["phase"], c["op"]): c for c in json.loads(out.read_text())["collectives"]}
+    doc = json.loads(out.read_text())
+    assert list(jsonschema.Draft202012Validator(schema_of("step")).iter_errors(doc)) == []  # "rows" in the schema
+    listed = {(c["stream"], c["phase"], c["op"]): c for c in doc["collectives"]}
     plan = build_plan(load_config(A_H100_CP2))
     (rs,) = [r for r in plan.stage(0).collectives if r.axis in DATA_STEP_AXES and r.op == "reduce-scatter"]
     assert (rs.axis, rs.group_size, rs.size_bytes, rs.dtype) == ("fsdp", 16, 12_214_730_752, "fp32")
