@@ -119,7 +119,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     step or more, a 'hint:' line with the bubble's knobs re-planned (interleaved virtual stages 2 and 4, half the
     micro-batch, the zero-bubble schedules zb_h1, zbv and dualpipev under torch, pp / 2 with the data axis doubled),
     the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
-    nothing when none helps. Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
+    when none helps, a 'note: no bubble hint' line naming each knob tried and why it was dropped (its peak
+    where it does not fit, its step where it is not more than 1% shorter, refused or infeasible). Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
     'hint:' line with it re-planned as the framework runs it (torch: with torch_compile, which async TP needs),
     shown only when that step is more than 1% shorter, else a 'note: no tp hint' line with the re-plan's step and
     why (a foreign CONFIG's 'hint:' and 'fix:' lines name its own keys where it has them). Where the ep group spans
