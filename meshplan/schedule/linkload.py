@@ -38,8 +38,8 @@ import numpy as np
 
 from meshplan.comm.alphabeta import OPS
 from meshplan.comm.row import link_bytes
-from meshplan.schedule.comm_streams import step_stream
 from meshplan.compute.batch_input import BATCH_BROADCASTS
+from meshplan.schedule.comm_streams import step_stream
 from meshplan.schedule.ring_timeline import BLOCKING_GATHER, BLOCKING_SHIFT, LAST_SHIFT, RING_CALL, RING_CALL_B
 from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_loads, stage_of_ranks
 from meshplan.pipeline.fast import KINDS
