@@ -109,7 +109,9 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     all-gather and reduce-scatter; an alltoall_perf run all-to-all; a sendrecv_perf run send/recv; an op no file
     measures keeps the catalog's curve (send/recv beside a ring fit scaled by the measured over the catalog busbw of
     the fitted pattern); on nvlink and pcie an op with a run of its own is timed on that run, the fit setting the
-    others; an all-to-all or per-op run at its own fitted alpha. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
+    others; an all-to-all or per-op run at its own fitted alpha. Of several runs per class one fit is kept, whatever
+    the files' order: a ring op's, all-reduce first, then the slowest; on nic the ring runs of different ops (one busbw)
+    are rivals too, and a 'nic: kept ...; dropped ...' line names each with its fitted busbw per NIC. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
     whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth."""
 
     fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system, op)  # before --out's errors

@@ -43,7 +43,7 @@ from meshplan.schedule.reshard_note import reshard_default_note
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
-from meshplan.schedule.linkload import edge_loads, p2p_calls, timings
+from meshplan.schedule.linkload import edge_loads, p2p_calls, step_rows, timings
 from meshplan.schedule.netload import pxn_line
 from meshplan.schedule.nic_sharing import concurrent_lines
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
@@ -119,7 +119,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     step or more, a 'hint:' line with the bubble's knobs re-planned (interleaved virtual stages 2 and 4, half the
     micro-batch, the zero-bubble schedules zb_h1, zbv and dualpipev under torch, pp / 2 with the data axis doubled),
     the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
-    nothing when none helps. Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
+    when none helps, a 'note: no bubble hint' line naming each knob tried and why it was dropped (its peak
+    where it does not fit, its step where it is not more than 1% shorter, refused or infeasible). Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
     'hint:' line with it re-planned as the framework runs it (torch: with torch_compile, which async TP needs),
     shown only when that step is more than 1% shorter, else a 'note: no tp hint' line with the re-plan's step and
     why (a foreign CONFIG's 'hint:' and 'fix:' lines name its own keys where it has them). Where the ep group spans
@@ -337,10 +338,12 @@ def _print_links(p, st, step_fn) -> None:
           "dK/dV shift (send/recv) runs beside the SDPA step after it, whose end is its deadline, and each layer's "
           "last shift, waited for at once, is in the parts line's exposed cp; under Transformer Engine's p2p ring "
           "(Megatron-LM's) each K/V or dK/dV send/recv runs beside the attention step it precedes, whose end is its "
-          "deadline)")
+          "deadline; a step row names the plan rows it stands for by their cadence, 'rows:')")
     for t in timings(st):
+        rows = step_rows(p, t)
         _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
-                   f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (issued {t.issued})" if t.issued else ""))
+                   f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (rows: {rows})" if rows else "")
+              + (f"  (issued {t.issued})" if t.issued else ""))
     if sends := p2p_calls(st):
         _echo(f"  not listed: pp send/recv between stages (stage 0 sends {sends} per schedule run): counted in the "
               f"parts line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)")

@@ -25,7 +25,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import plain_data, timeline_summary
 from meshplan.report.plan_warnings import plan_warnings
 from meshplan.schedule.link_spill import other_stage_loads
-from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.linkload import concurrency, edge_loads, step_rows, timings
 from meshplan.schedule.nic_sharing import nic_waits
 from meshplan.schedule.stage_balance import closed_form, uniform_bubble
 from meshplan.schedule.stage_traffic import traffic_stage
@@ -134,7 +134,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu, torchtitan_mfu=st.torchtitan_mfu,
                     megatron_throughput_flops_per_s=st.megatron_throughput,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
-                    collectives=[_timing(t) for t in timings(st)],
+                    collectives=[_timing(t, step_rows(plan, t)) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
                     nic_sharing_s=[{"stream": a, "beside": b, "seconds": v} for (a, b), v in sorted(nic_waits(st).items())],
                     links=[_link(e) for e in edge_loads(plan, st)], other_stage_links=_other_links(plan, st),
@@ -167,13 +167,14 @@ def _schedule(st) -> Optional[str]:
     return None if spec.p == 1 else str(spec.schedule)
 
 
-def _timing(t) -> dict[str, Any]:
+def _timing(t, rows: str = "") -> dict[str, Any]:
     """One readiness row (:class:`~meshplan.schedule.linkload.Timing`) with its slack; ``issued``
-    only where a per-step row goes out inside the last backward (the table's ``step`` phase)."""
+    only where a per-step row goes out inside the last backward or after it; ``rows`` only on a
+    ``step`` row: the cadences of the plan rows it stands for (:func:`~meshplan.schedule.linkload.step_rows`)."""
     doc = dict(plain_data(t), slack_s=t.slack_s)
     if not doc["issued"]:
         del doc["issued"]
-    return doc
+    return {**doc, "rows": rows} if rows else doc
 
 
 def _link(e) -> dict[str, Any]:
