@@ -27,6 +27,7 @@ from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
 from meshplan.cli.schedule_opt import layer_split, refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
+from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.routing import balance_note
 from meshplan.compute.table_use import as_json as table_json, table_use
 from meshplan.comm.calibration_notes import uncalibrated_note
@@ -103,7 +104,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per token (its dense formula, or
     get_moe_model_nparams_and_flops for an MoE or MLA model), tps and bf16 peak; --json torchtitan_mfu, null otherwise; under framework megatron, 'Megatron-LM's
     --log-throughput formula: X TFLOP/s/GPU', what its log's throughput per GPU would read; --json
-    megatron_throughput_flops_per_s, null otherwise); how much of the
+    megatron_throughput_flops_per_s, null otherwise, and a 'megatron runtime:' line: the Megatron-LM generation the step
+    models, 2022 (2755bcb; training.megatron_runtime unset) or core (d98e8a6), what the other differs in, the key, and
+    what the config asks for that 2022 lacks (RoPE, SwiGLU, GQA, --overlap-grad-reduce, TE, fp8...); --json
+    megatron_runtime); how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or
@@ -172,6 +176,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     for line in st.lines():
         _echo(line)
     _echo(mfu_caveat())  # once, under the MFU line: predicted, with the measured error by setting
+    if (mg := runtime_followed(p.config.model, p.config.training)) is not None:
+        _echo(mg["line"])  # the Megatron-LM generation the step models
     for line in plan_warnings(p):  # tight, and the measured-error setting it lies in (as plan and its page)
         _echo(line)
     _echo_balance(p)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.shapes import fused_qkv_words
 from meshplan.memory.state_estimates import megatron_estimate, megatron_withheld, zero_textbook_bytes
 from meshplan.mesh.axes import order_words
@@ -129,6 +130,8 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
               f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines))}{_block_layers(plan)}), "
               f"{t.dtype_words}, "
               f"reserve {t.memory_reserve:.0%}")
+    if (mg := runtime_followed(m, t)) is not None:  # which Megatron-LM generation the step models
+        con.print(f"        {mg['line']}")
 
 
 def _block_layers(plan) -> str:
