@@ -53,3 +53,30 @@ def test_megatron_runtime_said(tmp_path, capsys):
     assert json.loads((tmp_path / "t.json").read_text())["megatron_runtime"] is None
     assert "megatron runtime:" not in out
 
+
+def test_train_time_days(tmp_path, capsys):
+    """#2: a capacity planner asks how long N tokens take. ``step --tokens 15e12`` prints it and --json has
+    it in seconds. By hand from the --json: tokens/s = global batch 2016 x seq 8192 = 16,515,072 tokens per
+    step / step_s (53.94 s when written: 306,188 tokens/s), so 15e12 tokens take 15e12 x step_s / 16,515,072
+    s (567.0 days at 53.94 s); with interruptions, wall = that / goodput, the goodput
+    ``meshplan reliability`` prints for the same config at the same storage and restart defaults
+    (2000 GB/s, 600 s; 98.81% when written, 573.9 days). With ``[reliability] checkpoint_interval_steps =
+    100`` the goodput is the job's interval's (``job_interval.goodput`` of reliability --json)."""
+    code, out, err = run_cli(["step", DATA / "b_h200.toml", "--tokens", "15e12", "--json", tmp_path / "s.json"], capsys)
+    assert code == 0, err
+    doc = json.loads((tmp_path / "s.json").read_text())
+    tt, step_s = doc["train_time"], doc["step_s"]
+    assert abs(tt["compute_s"] - 15e12 * step_s / (2016 * 8192)) < 1e-6 * tt["compute_s"]
+    code, _, err = run_cli(["reliability", DATA / "b_h200.toml", "--json", tmp_path / "r.json"], capsys)
+    rel = json.loads((tmp_path / "r.json").read_text())
+    assert tt["goodput"] == rel["goodput"] and tt["wall_s"] == tt["compute_s"] / rel["goodput"]
+    line = next(x for x in out.splitlines() if x.startswith("train time:"))
+    assert f"{tt['compute_s'] / 86400:.1f} days of steps ({tt['wall_s'] / 86400:.1f} days at goodput" in line
+    job = _with(tmp_path, "job", "[mesh]", "[reliability]\ncheckpoint_interval_steps = 100\n[mesh]")
+    run_cli(["step", job, "--tokens", "15e12", "--json", tmp_path / "j.json"], capsys)
+    run_cli(["reliability", job, "--json", tmp_path / "rj.json"], capsys)
+    got = json.loads((tmp_path / "j.json").read_text())["train_time"]
+    assert got["goodput"] == json.loads((tmp_path / "rj.json").read_text())["job_interval"]["goodput"]
+    assert "job's interval (100 steps" in got["goodput_at"]
+    code, out, err = run_cli(["step", DATA / "b_h200.toml", "--tokens", "0"], capsys)
+    assert code == 2 and "--tokens" in err and len(err.strip().splitlines()) == 1

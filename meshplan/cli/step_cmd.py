@@ -31,9 +31,10 @@ from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.routing import balance_note
 from meshplan.compute.table_use import as_json as table_json, table_use
 from meshplan.comm.calibration_notes import uncalibrated_note
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
+from meshplan.reliability import configured_reliability, job_interval, train_time
 from meshplan.interop.keymaps import keymap_of
 from meshplan.plan_fix import memory_fix
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
@@ -91,6 +92,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                                         "config's mesh.pp_schedule before the plan's "
                                                                         "rules (micro-batches, virtual stages, memory); "
                                                                         "at pp 1 a note says it changes nothing"),
+         tokens: Optional[float] = typer.Option(None, "--tokens", help="tokens to train (15e12): a 'train time:' line, "
+                                                "their days at the step's tokens/s and at meshplan reliability's "
+                                                "goodput ([search] storage and restart; the job's checkpoint interval "
+                                                "where the config gives it); --json train_time, seconds"),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
          calibration: CalibrationOpt = None,
@@ -153,6 +158,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     the step was timed with (the catalog's, or --kernels files laid over it, and --gemm-table's file with how many of
     the plan's GEMM shapes it timed)."""
 
+    if tokens is not None:
+        check_number("--tokens", tokens, 1.0, 1e18, "tokens")
     schedule = _refuse_step_options(schedule, trace, json_path, force)
     p = _load(config, topology, calibration=calibration, fmt=foreign.fmt, opts=foreign.options(),
               kernels=kernels, schedule=schedule)  # the plan's rules judge --schedule's schedule
@@ -178,6 +185,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _echo(mfu_caveat())  # once, under the MFU line: predicted, with the measured error by setting
     if (mg := runtime_followed(p.config.model, p.config.training)) is not None:
         _echo(mg["line"])  # the Megatron-LM generation the step models
+    days = _train_time(p, st, tokens)
     for line in plan_warnings(p):  # tight, and the measured-error setting it lies in (as plan and its page)
         _echo(line)
     _echo_balance(p)
@@ -199,7 +207,17 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     if trace:
         _wrote(st.write_trace(trace, force=force))
     doc = _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal)
-    _write_doc(json_path, {**doc, "kernels": kd}, force)
+    _write_doc(json_path, {**doc, "kernels": kd, "train_time": days.fields() if days else None}, force)
+
+
+def _train_time(p, st, tokens: Optional[float]):
+    """--tokens' :class:`~meshplan.reliability.TrainTime` at ``st``'s tokens/s, its line printed
+    (None without --tokens)."""
+    if tokens is None:
+        return None
+    days = train_time(tokens, st.tokens_per_s, configured_reliability(p, job_interval(p.config, st.step_s)))
+    _echo(days.line(p.config.search.goodput_words().split(": ", 1)[1]))
+    return days
 
 
 def _refuse_step_options(schedule: Optional[str], trace: Optional[Path], json_path: Optional[Path],
