@@ -189,6 +189,16 @@ def busbw_curve(name: str) -> BusbwCurve:
     return _build(BusbwCurve, "busbw curve", name, copy.deepcopy(_curves()[name]))
 
 
+def curve_name(curve: BusbwCurve) -> Optional[str]:
+    """The name of the ``nccl.toml`` curve equal to ``curve`` (None when it is none of them: a
+    user's own table or a calibrated one).
+
+    >>> curve_name(busbw_curve("ib-ndr-400-8nic")), curve_name(busbw_curve("ib-ndr-400-8nic").model_copy(update={"ranks": 4}))
+    ('ib-ndr-400-8nic', None)
+    """
+    return next((n for n in sorted(_curves()) if busbw_curve(n) == curve), None)
+
+
 def node(name: str) -> NodeSpec:
     """A catalog node (without its GPU model; see :func:`system`), its ``busbw`` curve names
     resolved from ``nccl.toml``."""

@@ -30,7 +30,7 @@ from meshplan.compute.gemm import load_gemm_table
 from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.routing import balance_note
 from meshplan.compute.table_use import as_json as table_json, table_use
-from meshplan.comm.calibration_notes import uncalibrated_note
+from meshplan.comm.calibration_notes import roce_note, uncalibrated_note
 from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
@@ -156,7 +156,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     beside its all-gathers; --json nic_sharing_s), or 'nothing charged'. A mesh that does not fit exits 1
     with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
     the step was timed with (the catalog's, or --kernels files laid over it, and --gemm-table's file with how many of
-    the plan's GEMM shapes it timed)."""
+    the plan's GEMM shapes it timed); with RoCEv2 NICs ([cluster] nic = { transport = "roce" }) a note: how they are
+    timed (the node's InfiniBand curve read against their line rate, an assumption) and how to calibrate them."""
 
     if tokens is not None:
         check_number("--tokens", tokens, 1.0, 1e18, "tokens")
@@ -251,9 +252,10 @@ def _exit_would_be(p, st, json_path: Optional[Path], doc: dict, force: bool) -> 
 
 
 def _echo_kernels(p, kd: dict, use) -> None:
-    """The uncalibrated-link note, the kernels' line and a --gemm-table's line and warnings."""
-    if uncalibrated_note(p.config.cluster):
-        _echo(uncalibrated_note(p.config.cluster))
+    """The uncalibrated-link and RoCE notes, the kernels' line and a --gemm-table's line and warnings."""
+    for note in (uncalibrated_note(p.config.cluster), roce_note(p.config.cluster)):
+        if note:
+            _echo(note)
     _echo(kd["line"])
     if use is not None:
         _echo(kd["gemm_table"]["line"])
