@@ -115,3 +115,28 @@ def test_roce_nics(tmp_path, capsys):
     bad = _with(tmp_path, "bad", 'gpu = "h200-sxm-141gb"', 'gpu = "h200-sxm-141gb"\nnic = { speed = 400 }')
     code, _, err = run_cli(["plan", bad], capsys)
     assert code == 2 and "cluster.nic.speed: unknown key; allowed: transport, rate_gbit_per_s" in err
+
+
+def test_catalog_network_assumed(capsys):
+    """#4: the trial could not tell which catalog fabric sizes are read and which assumed. Now each network
+    entry lists the tier values its source does not give (``assumed``) and ``meshplan catalog network`` prints
+    every tier's values, those marked "(assumed)". By reading the sources: seed-rails' seed names no switch
+    (its leaf's size and both tiers' oversubscription assumed), gb200-ndr-fabric's leaf/spine sizes are "not
+    taken" (one non-blocking tier assumed), Azure ND MI300X v5 publishes a non-blocking fat tree but no tier
+    sizes (nodes_per_domain assumed); the SuperPOD leaves (32 nodes per SU for H100 and B200, 20 for A100:
+    NVIDIA's reference architectures) are read, so unmarked. The tiers themselves are unchanged (no behaviour
+    change): superpod-hdr-su20's leaf still 20 nodes."""
+    from meshplan import catalog
+    code, out, err = run_cli(["catalog", "network"], capsys)
+    assert code == 0, err
+    tiers = {n: line for n, line in zip(catalog.names("network"),
+                                        [x for x in out.splitlines() if x.startswith("  tiers: ")])}
+    assert tiers["seed-rails"] == ("  tiers: leaf latency_us 14, oversubscription 1 (assumed), nodes_per_domain 0 "
+                                   "(assumed); spine latency_us 14, oversubscription 1 (assumed), nodes_per_domain 0")
+    assert tiers["azure-nd-mi300x-v5-ib"].endswith("oversubscription 1, nodes_per_domain 0 (assumed)")
+    assert tiers["gb200-ndr-fabric"].count("(assumed)") == 2
+    assert all("(assumed)" not in tiers[n] for n in ("superpod-ndr-su32", "superpod-b200-ndr-su32", "superpod-hdr-su20"))
+    assert [t.nodes_per_domain for t in catalog.network("superpod-hdr-su20")] == [20, 0]
+    for name in catalog.names("network"):  # an entry whose source says "assumed" lists what (or names the node)
+        src = catalog.entry("network", name)["source"]
+        assert ("assumed" in src) == bool(catalog.network_assumed(name)) or "dgx-h200" in src, name

@@ -213,6 +213,22 @@ def network(name: str) -> list[NetworkTier]:
     return [_build(NetworkTier, "network", name, t) for t in tiers]
 
 
+def network_assumed(name: str) -> tuple[str, ...]:
+    """The tier values of catalog network ``name`` that its source does not give, each
+    ``"tier.field"`` (the entry's ``assumed`` list, networks.toml's header): what ``meshplan catalog
+    network`` marks "(assumed)". A name that is no tier's field is a ConfigError (a catalog error).
+
+    >>> network_assumed("seed-rails"), network_assumed("superpod-hdr-su20")
+    (('leaf.nodes_per_domain', 'leaf.oversubscription', 'spine.oversubscription'), ())
+    """
+    e = entry("network", name)
+    fields = {f"{t['name']}.{k}" for t in e["tiers"] for k in NetworkTier.model_fields if k != "name"}
+    bad = [a for a in e.get("assumed", []) if a not in fields]
+    if bad:
+        raise ConfigError("network", f"catalog network '{name}': assumed names {bad[0]!r}, no tier's field")
+    return tuple(e.get("assumed", []))
+
+
 def model(name: str) -> ModelSpec:
     """A catalog model, e.g. ``model("mixtral-8x7b").active_param_count()``."""
     return _build(ModelSpec, "model", name, {"name": name, **entry("model", name)})
