@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from meshplan import catalog
 from meshplan.errors import ConfigError, closest, printable
 from meshplan.limits import MAX_WORLD, bound_message, over
-from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.cluster import ClusterSpec, NodeSpec
 from meshplan.spec.hf import model_from_hf_config
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.axes import KNOWN_AXES
@@ -234,7 +234,7 @@ def read_cluster(t: dict) -> ClusterSpec:
         name = t.pop("system")
         if "nodes" not in t:
             raise ConfigError("cluster.nodes", "required with system; give the number of nodes")
-        gpu, fabric, nodes = t.pop("gpu", None), t.pop("fabric", None), t.pop("nodes")
+        gpu, fabric, nodes, nic = t.pop("gpu", None), t.pop("fabric", None), t.pop("nodes"), t.pop("nic", None)
         if not isinstance(name, str):
             raise ConfigError("cluster.system", f"give a catalog node name (got a {type(name).__name__}); "
                                                 f"known: {', '.join(catalog.names('node'))}")
@@ -250,14 +250,50 @@ def read_cluster(t: dict) -> ClusterSpec:
                                                      else build(type(cluster.gpu), gpu, "cluster.gpu")})
         if fabric is not None:
             cluster = _with_fabric(cluster, fabric, name)
+        if nic is not None:
+            node = build(NodeSpec, _with_nics(cluster.node.model_dump(), nic), "cluster.nic")
+            cluster = cluster.model_copy(update={"node": node})
         if t:
             raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu, "
-                                                         "fabric")
+                                                         "fabric, nic")
         return cluster
     if isinstance(t.get("gpu"), str):
         with _as_field("cluster.gpu"):
             t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
-    return build(ClusterSpec, _named_parts(t), "cluster")
+    t = _named_parts(t)
+    if "nic" in t:
+        if not isinstance(t.get("node"), dict):
+            raise ConfigError("cluster.nic", "sets every NIC of the node: give the node too (node = \"dgx-h200\" or "
+                                             "a [cluster.node] table)")
+        t["node"] = _with_nics(t["node"], t.pop("nic"))
+    return build(ClusterSpec, t, "cluster")
+
+
+#: The keys ``[cluster] nic = { ... }`` may set on every NIC of the node.
+NIC_KEYS = ("transport", "rate_gbit_per_s")
+
+
+def _with_nics(node: dict, given) -> dict:
+    """``node`` (a node table) with the keys of ``given`` (``[cluster] nic = { transport = "roce",
+    rate_gbit_per_s = 400.0 }``, :data:`NIC_KEYS`) set on each of its NICs, the others kept, and
+    its source saying so: a catalog node's NICs on another fabric without writing the node whole.
+
+    >>> n = _with_nics(catalog.node("dgx-h200").model_dump(), {"transport": "roce"})
+    >>> {x["transport"] for x in n["nics"]}, {x["rate_gbit_per_s"] for x in n["nics"]}, n["source"][-52:]
+    ({'roce'}, {400.0}, "config's [cluster] nic (transport roce) on every NIC")
+    >>> _with_nics(catalog.node("dgx-h200").model_dump(), {"speed": 1})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: cluster.nic.speed: unknown key; allowed: transport, rate_gbit_per_s
+    """
+    if not isinstance(given, dict):
+        raise ConfigError("cluster.nic", f"must be a table of NIC keys, e.g. nic = {{ transport = \"roce\", "
+                                         f"rate_gbit_per_s = 400.0 }} (got {type(given).__name__} {given!r:.40})")
+    bad = sorted(set(given) - set(NIC_KEYS))
+    if bad:
+        raise ConfigError(f"cluster.nic.{bad[0]}", f"unknown key; allowed: {', '.join(NIC_KEYS)}")
+    said = ", ".join(f"{k} {given[k]}" for k in NIC_KEYS if k in given)
+    return {**node, "nics": [{**nic, **given} for nic in node.get("nics", [])],
+            "source": f"{node.get('source', '')}; config's [cluster] nic ({said}) on every NIC"}
 
 
 def _named_parts(t: dict) -> dict:

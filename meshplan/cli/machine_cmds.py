@@ -37,17 +37,29 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
                 json_path: Optional[Path] = _json_option("catalog"),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """List the built-in catalog entries of KIND: each one's values (scalars, and a table's scalars
-    inline), then its sources; a model also its total parameters and, for an MoE model, the active ones (a
+    inline; a network's tiers, each value its source does not give marked '(assumed)'), then its sources; a model also its total parameters and, for an MoE model, the active ones (a
     token's: attention, norms, router, top-k routed and shared experts). --json has every field."""
 
     _refuse_existing(json_path, force, "--json")
     for name in catalog.names(kind):
         entry = catalog.entry(kind, name)
-        _echo(f"{name}: {_catalog_values(entry)}")
+        _echo(f"{name}: {_catalog_values({k: v for k, v in entry.items() if k != 'assumed'})}")
         if kind == "model":
             _echo(f"  params: {_param_words(catalog.model(name))}")
+        if kind == "network":
+            _echo(f"  tiers: {_tier_words(entry['tiers'], catalog.network_assumed(name))}")
         _echo(f"  source: {entry.get('source', '')}")
     _write_doc(json_path, catalog_doc(kind, {n: catalog.entry(kind, n) for n in catalog.names(kind)}), force)
+
+
+def _tier_words(tiers: list[dict], assumed: tuple[str, ...]) -> str:
+    """A catalog network's tiers, innermost first, each value marked "(assumed)" where the entry
+    lists it so (:func:`meshplan.catalog.network_assumed`): ``leaf latency_us 14, oversubscription 1
+    (assumed), nodes_per_domain 0 (assumed); ...``."""
+    def one(t: dict) -> str:
+        return t["name"] + " " + ", ".join(f"{k} {v:g}" + (" (assumed)" if f"{t['name']}.{k}" in assumed else "")
+                                           for k, v in t.items() if k != "name")
+    return "; ".join(one(t) for t in tiers)
 
 
 def _param_words(m) -> str:

@@ -25,7 +25,7 @@ from meshplan.cli.loading import _calibrated, _calibration, _kernels_note, _load
 from meshplan.errors import ConfigError, check_number
 from meshplan.plan import Infeasible
 from meshplan.plan_runtime import run_reasons
-from meshplan.reliability import DEFAULT_RATE_PER_GPU_DAY, JobInterval, reliability as rel, storage_default_note
+from meshplan.reliability import DEFAULT_RATE_PER_GPU_DAY, job_interval, reliability as rel, storage_default_note
 from meshplan.report.json_docs import envelope, reliability_doc
 from meshplan.restart import checkpoint_engine, engine_rules, plan_evaluator, restart_on_fewer_nodes
 from meshplan.schedule.steptime import step_time
@@ -33,10 +33,6 @@ from meshplan.schedule.unit_sim import Overlap
 from meshplan.spec.accuracy import REMESH_MARGIN
 from meshplan.spec.search import ASSUMED_RESTART_OVERHEAD_S, LLAMA3_STORAGE_GB_PER_S, checkpoint_inputs_words
 
-
-#: The field that gave the job's checkpoint interval, by the config's origin (Config.origin).
-INTERVAL_SOURCE = {"torchtitan": "checkpoint.interval", "megatron": "--save-interval",
-                   "": "reliability.checkpoint_interval_steps"}
 
 
 def _check_storage(write_gbps: float, read_gbps: float, rank_gbps: Optional[float], restart_overhead_s: float) -> None:
@@ -121,9 +117,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
         nodes = p.config.cluster.nodes
         raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {nodes} node{'s' * (nodes != 1)}")
     before = step_time(p, Overlap())  # the throughput a restart loses is against the plan's own step
-    steps = p.config.checkpoint_interval_steps
-    job = JobInterval(steps, before.step_s, INTERVAL_SOURCE.get(p.config.origin, INTERVAL_SOURCE[""])) \
-        if steps else None
+    job = job_interval(p.config, before.step_s)
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
             restart_overhead_s=restart_overhead_s, rate_per_gpu_day=gpu_failure_rate,
             per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None, job=job)

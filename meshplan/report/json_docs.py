@@ -19,6 +19,7 @@ from importlib import resources
 from typing import Any, Optional, Sequence
 
 from meshplan import __version__
+from meshplan.compute.megatron_core import runtime_followed
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.score import weights_from_table
 from meshplan.plan import Infeasible, Plan
@@ -116,7 +117,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU (and ``torchtitan_mfu``, the
     MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, its dense or MoE formula, null off framework
     torch; ``megatron_throughput_flops_per_s``, what Megatron-LM's --log-throughput logs per GPU, FLOP/s:
-    StepTime.megatron_throughput, null off framework megatron), critical path, readiness of
+    StepTime.megatron_throughput, null off framework megatron; ``megatron_runtime``, the generation it models,
+    :func:`meshplan.compute.megatron_core.runtime_followed`), critical path, readiness of
     each collective, concurrency and what sharing NICs cost each stream (``nic_sharing_s``:
     :func:`meshplan.schedule.nic_sharing.nic_waits`, stage 0), load per physical link, bytes each rank sends per step by axis on
     the stage whose ranks send the most (``sent_bytes_stage``,
@@ -133,6 +135,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     sm_contention_s=st.contention_s(),
                     most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu, torchtitan_mfu=st.torchtitan_mfu,
                     megatron_throughput_flops_per_s=st.megatron_throughput,
+                    megatron_runtime=runtime_followed(plan.config.model, plan.config.training),
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
                     collectives=[_timing(t, step_rows(plan, t)) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
