@@ -294,7 +294,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -459,13 +459,21 @@ def by_source(plan) -> dict[str, float]:
     return out
 
 
+def load_row(path: Path, r: Row, node: str = NODE):
+    """The row's config: its TOML imported on catalog node ``node``, with ``training.fsdp_root_unit``
+    set: both revisions the runs name (9dec370, 820504e) predate torchtitan's own end units
+    (83e6941, #1094) and wrap the embedding, the final norm and the output in the FSDP2 root
+    (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`); a job TOML has no key for it."""
+    cfg = load_any(path, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8))
+    return replace(cfg, training=cfg.training.model_copy(update={"fsdp_root_unit": True}))
+
+
 def predict(r: Row, folder: Path, node: str = NODE) -> Result:
     """Import the row's TOML and run meshplan's step model on it, on catalog node ``node``."""
     path = folder / (r.id.replace(" ", "_").replace("+", "-") + ".toml")
     path.write_text(toml_of(r))
     try:
-        cfg = load_any(path, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8))
-        plan = build_plan(cfg)
+        plan = build_plan(load_row(path, r, node))
         st = step_time(plan)
     except ConfigError as e:
         return Result(r, error=str(e))
@@ -539,7 +547,7 @@ def itemise(r: Row, folder: Path, node: str = NODE) -> list[str]:
     FSDP2's copies, SM sharing), against the published step, on catalog node ``node``."""
     path = folder / "itemise.toml"
     path.write_text(toml_of(r))
-    plan = build_plan(load_any(path, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8)))
+    plan = build_plan(load_row(path, r, node))
     st, m = step_time(plan), plan.micro_batches
     kinds: dict[str, float] = {}
     for ch in chunk_costs(plan, workload_of(plan))[0]:
