@@ -130,7 +130,7 @@ no source here names.
 
 **The FSDP2 root (every row).** Both revisions predate torchtitan's own end units (83e6941, #1094):
 ``apply_fsdp`` wraps each block, then ``fully_shard(model)`` alone (9dec370
-``parallelisms/parallelize_llama.py:324-339``, 820504e ``models/llama3/parallelize_llama.py:344-367``),
+``parallelisms/parallelize_llama.py:325-339``, 820504e ``models/llama3/parallelize_llama.py:344-367``),
 so embedding, final norm and output are one unit, the root's, which FSDP2 keeps gathered from its
 forward to its backward and reduces in its final callback, waited for (``training.fsdp_root_unit``,
 set by :func:`load_row`; :attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`). Before, the

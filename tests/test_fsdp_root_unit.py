@@ -47,7 +47,7 @@ def _root_rows(plan):
 
 
 def test_one_root_unit_gathers_once_and_reduces_both_ends(tmp_path):
-    """torchtitan 9dec370 ``parallelize_llama.py:324-339``: ``fully_shard`` on each block, then on the
+    """torchtitan 9dec370 ``parallelize_llama.py:325-339``: ``fully_shard`` on each block, then on the
     model alone, so the embedding (128,256 x 4,096 = 525,336,576), the final norm (4,096) and the
     output (525,336,576) are one unit of 1,050,677,248 elements (divisible by 8: no padding). FSDP2
     keeps the root gathered from its forward to its backward (``_lazy_init``: the root's
