@@ -58,7 +58,13 @@ def test_top_3_and_top_10_list_the_same_first_3_rows():
     0.5556 ms a backward (its copy-ins wait for the reduce-scatter before), x 8, tail 0.9705 -> 0.6343:
     69.880 + 4.4448 - 0.3362 = 73.989 ms, past the 10th row (73.5 ms); dp_replicate 4 x dp_shard 4 at
     full 12.3115 -> 12.5210 ms a backward (exposed fsdp 0 -> 0.2356, contention -0.0260) x 4, tail
-    1.6451 -> 1.4644: 72.608 + 0.8380 - 0.1807 = 73.266 ms, still 9th.)"""
+    1.6451 -> 1.4644: 72.608 + 0.8380 - 0.1807 = 73.266 ms, still 9th.
+    (es51: torchtitan's full AC replays each layer's closing tp reduce-scatter, early_stop=False:
+    dp_shard 8 x tp 2's mb 4 full recompute kept-gathered setting, 7th at 72.44 ms, is 73.70 ms (read
+    from the model: 2 micro-batches x 8 layers, one more reduce-scatter each), within the 1% tie band
+    of the same mesh's mb 1 no-recompute kept-gathered setting (73.99 ms, the 74.0 above, unchanged:
+    nothing replayed), which the tie rule shows: that mesh is 9th at 74.0 ms and dp_replicate 4 x
+    dp_shard 4 moves up to 8th; rows 1-3 unchanged.)"""
     want = [("dp_shard 16, mb 1, none, vpp 1, zero3", 55.8),
             ("pp 4 x dp_shard 4, mb 1, none, vpp 1, zero3, short end stages", 66.5),
             ("dp_replicate 2 x dp_shard 8, mb 1, full, vpp 1, hsdp, keep gathered", 70.5)]
@@ -66,9 +72,9 @@ def test_top_3_and_top_10_list_the_same_first_3_rows():
     ten = _rows(10)
     assert _rows(3) == ten[:3] == want
     gathered = round(69.880 + 8 * 0.5556 - 0.3362, 1)   # dp_shard 8 x tp 2, kept gathered: 69.9 before
-    assert gathered == 74.0 > ten[9][1] and not any(label.startswith("dp_shard 8 x tp 2, mb 1") for label, _ in ten)
-    assert ten[8] == ("dp_replicate 4 x dp_shard 4, mb 1, full, vpp 1, hsdp", round(72.608 + 4 * 0.2095 - 0.1807, 1)) \
-        and ten[8][1] == 73.3
+    assert gathered == 74.0 and ten[8] == ("dp_shard 8 x tp 2, mb 1, none, vpp 1, zero3, keep gathered", gathered)
+    assert ten[7] == ("dp_replicate 4 x dp_shard 4, mb 1, full, vpp 1, hsdp", round(72.608 + 4 * 0.2095 - 0.1807, 1)) \
+        and ten[7][1] == 73.3
     assert not any("cp 2" in label for label, _ in ten)
 
 

@@ -326,7 +326,7 @@ def within_error(shorter: float, settings: tuple[Fidelity, ...] = ()) -> str:
     >>> within_error(0.031)
     ''
     >>> within_error(0.031, (TORCHTITAN_H100,))
-    "within the model's measured error where these plans lie, torchtitan H100 runs (mean |error| 17.6%, +2% to +42%): measure both before choosing"
+    "within the model's measured error where these plans lie, torchtitan H100 runs (mean |error| 17.3%, +2% to +42%): measure both before choosing"
     >>> within_error(0.18, (TORCHTITAN_H100, LLMFOUNDRY_A100))
     ''
     """
