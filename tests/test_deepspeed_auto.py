@@ -70,7 +70,7 @@ def test_stage2_fills_only_the_bucket(tmp_path):
     ({}, {"train_micro_batch_size_per_gpu": 2}, "train_micro_batch_size_per_gpu: is 2 in the file, --micro-batch says "
      "1 (the HF Trainer refuses the mismatch); give one of them"),
     ({}, {"fp16": {"enabled": "auto"}, "bf16": {"enabled": False}}, 'fp16.enabled: "auto" is filled by the HF Trainer '
-     "from its --fp16 flag (unset: false); write true or false")])
+     "from its --fp16 flag (unset: false); pass --dtype fp16 (or fp32 for neither flag), or write true or false")])
 def test_batch_and_dtype_auto_without_a_value_is_a_one_line_error(tmp_path, opts, doc, error):
     with pytest.raises(ConfigError) as e:
         load_any(_write(tmp_path, HF | doc), opts=dataclasses.replace(OPTS, **opts))
