@@ -267,7 +267,7 @@ class CommTimes:
                     sec, n = c.ds_flush.get(at, (0.0, 0.0))
                     c.ds_flush[at] = (sec + r.time_s * per, n + per * bucket)
             elif kind == "shard" and REUSE_PART in r.cadence:
-                pass  # its seconds are a share of the unit's (rank_timeline._layer_gather, Overlap.fsdp_backward)
+                pass  # its seconds are a share of the unit's (rank_timeline.layer_gather, Overlap.fsdp_backward)
             elif kind == "shard" and zeropp.MARK in r.cadence:
                 _zeropp_row(c, zp, r, layers)
             else:

@@ -61,7 +61,8 @@ from meshplan.schedule.overlap_policy import config_overlap, p2p_mode, plan_over
 from meshplan.schedule.pipeline_exposure import ends_of, last_hold, last_transfer_s, unit_exposure, call_seconds, run_shift
 from meshplan.schedule.comm_streams import comm_kind
 from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
-from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.backward_pass import backward_unit
+from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap
 from meshplan.schedule.step_end import later_runs_label, stage_end
 from meshplan.schedule.step_summary import StepTime
