@@ -13,7 +13,8 @@ from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.schedule.comm_streams import comm_kind
 from meshplan.schedule.comm_times import CommTimes
-from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.backward_pass import backward_unit
+from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.comm_times import CP_PACKED, shard_group
 from meshplan.spec.axes.cp import P2P_PACKED
