@@ -192,7 +192,7 @@ def _read_files(paths: Sequence[Path], link_op: tuple[Optional[str], Optional[st
     used_op = False
     for path, own in map(file_op, paths):
         cls, fit, rows, hosts, per_node, nics, source, why = read_run(path, (link, own or op), asked, system, models,
-                                                                      notes)
+                                                                      notes, own)
         used_op |= own is None and op is not None and fit.op == op
         if why is not None:  # cut off below the bandwidth-bound sizes: no beta from it (linkfit.latency_bound_reason)
             notes.append(f"{path.name}: not used: {why}")
