@@ -95,7 +95,8 @@ def test_a_nic_rate_typed_in_gb_per_s_is_warned_and_read_with_the_calibration(ca
     assert ("warning: cluster.nic: rate_gbit_per_s 50 Gb/s (6.25 GB/s per NIC) is 1/8 of dgx-h100's catalog NICs "
             "(400 Gb/s): the field is in gigabits per second, and 50 GB/s is 400 Gb/s") in both
     assert ("nic 41.38 GB/s per NIC is 6.6x the 50 Gb/s line rate of dgx-h100's NICs as the config's [cluster] nic "
-            "sets them (catalog 400 Gb/s)") in both
+            "sets them (catalog 400 Gb/s): it holds several NICs' traffic, or that rate is not the NICs'; check "
+            "[cluster] nic's rate_gbit_per_s, in gigabits per second (400 Gb/s = 50 GB/s)") in both
     assert ("catalog 5.88 (ib-ndr-400-8nic at 8.00 GiB; line rate 6.25 = the config's 50 Gb/s NICs, not the "
             "catalog's 400 Gb/s)") in both
     rc, text, err = run_cli(["plan", D / "job70b.toml", "--calibration", D / "calib.toml"], capsys)

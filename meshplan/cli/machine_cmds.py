@@ -22,7 +22,7 @@ from meshplan.cli.common import (
     _wrote,
 )
 from meshplan.cli.loading import _load
-from meshplan.comm.calibrate import calibrate_curves
+from meshplan.comm.calibrate import calibrate_runs
 from meshplan.comm.calibration import calibration_toml
 from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination, write_output
@@ -126,14 +126,14 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     are rivals too, and a 'nic: kept ...; dropped ...' line names each with its fitted busbw per NIC. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
     whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth."""
 
-    fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system, op)  # before --out's errors
+    fits, notes, sources, curves, nics, runs = calibrate_runs(logs, link, nics_per_host, system, op)  # before --out's errors
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
     source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own
     for line in notes:
         _echo(line)
     _wrote(write_output(out, calibration_toml(fits, sources, curves=curves, nics_per_node=nics), force=force))
-    _write_doc(json_path, calibrate_doc(fits, notes, source, str(out)), force)
+    _write_doc(json_path, calibrate_doc(fits, notes, source, str(out), runs), force)
 
 
 def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --testbed)"),

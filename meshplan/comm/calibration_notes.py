@@ -25,6 +25,7 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.comm.calibration import CalibratedLink
+from meshplan.comm.calibration_replaced import replaced_fields
 from meshplan.comm.calibration_kinds import (NVLS_KEPT_WORDS, RING_OPS, host_share, nvls_kept, ops_words, own_runs, per_nic,
                                              sets_ops)
 from meshplan.config_tables import nic_override_gbit
@@ -278,10 +279,12 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
     and of compare's evidence: the file, the header line (:func:`calibration_line`), per link
     class its bus bandwidth (bytes/s), per-call latency (s), source and GPU model (None when not
     recorded), SI, where each fit came from (``origin``, :func:`fit_origin_lines`), the catalog
-    figure each replaced on ``cluster``'s node (``replaced``, :func:`replaced_lines`) and the GPU
+    figure each replaced on ``cluster``'s node (``replaced``, :func:`replaced_lines`; ``replaced_links``, the
+    same as fields: :func:`~meshplan.comm.calibration_replaced.replaced_fields`) and the GPU
     warnings against ``cluster`` (:func:`gpu_warnings`); both [] without one."""
     return {"file": str(path), "line": calibration_line(path, calib), "origin": fit_origin_lines(calib, cluster),
             "replaced": replaced_lines(calib, cluster) if cluster is not None else [],
+            "replaced_links": replaced_fields(calib, cluster) if cluster is not None else [],
             "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
                              "source": c.source, "gpu": c.gpu} for name, c in calib.items()},
             "warnings": gpu_warnings(path, calib, cluster) + nic_rate_warnings(path, calib, cluster)
@@ -319,10 +322,11 @@ def nic_rate_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSp
     fix = ("check [cluster] nic's rate_gbit_per_s, in gigabits per second (400 Gb/s = 50 GB/s)" if config is not None else
            "calibrate the run again with its '#  Rank' lines (meshplan calibrate splits a node's busbw over its "
            "ranks' NICs)")
+    or_rate = ", or that rate is not the NICs'" if config is not None else ""
     if c.bandwidth_gb_per_s * 8 > line:
         return split + [f"--calibration {path}: nic {c.bandwidth_gb_per_s:.4g} GB/s per NIC is "
                         f"{c.bandwidth_gb_per_s * 8 / line:.1f}x the {line:g} Gb/s line rate of {whose}: it holds "
-                        f"several NICs' traffic or the rate is not the NICs'; {fix}"]
+                        f"several NICs' traffic{or_rate}; {fix}"]
     over = _curve_over(c, line / 8)
     return split + ([f"--calibration {path}: nic {over}, above the {line:g} Gb/s line rate of {whose}, which a NIC "
                      "cannot pass, though the fit is not: the curve came from the log's busbw column; check that log's "
