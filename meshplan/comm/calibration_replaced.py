@@ -42,7 +42,7 @@ def replaced_fields(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> l
     config = nic_override_gbit(cluster.node.source)
     out = []
     for link, c in calib.items():
-        curve = node.busbw.get(link) if node is not None and link in ("nic", "nvlink") else None
+        curve = {"nic": node.busbw.get("nic"), "nvlink": node.busbw.get("nvlink")}.get(link) if node is not None else None
         size = curve.sizes_bytes[-1] if curve is not None else None
         out.append({"link": link, "op": c.op, "calibrated_bytes_per_s": c.bandwidth_bytes_per_s,
                     "per_nic": link == "nic", "logged": _logged(link, c, size),
@@ -69,12 +69,13 @@ def _catalog(link: str, node, keys: dict, config_gbit: Optional[float]) -> Optio
     without NICs."""
     if link == "nic" and not node.nics:
         return None
-    from_config = link == "nic" and config_gbit is not None and config_gbit != node.nics[0].rate_gbit_per_s
-    rate = {"nic": (config_gbit if from_config else node.nics[0].rate_gbit_per_s) / 8 if node.nics else 0.0,
-            "nvlink": node.fabric.bandwidth_gb_per_s, "pcie": node.pcie.bandwidth_gb_per_s}[link]
-    curve = node.busbw.get(link) if link in ("nic", "nvlink") else None
+    nic_gbit = node.nics[0].rate_gbit_per_s if node.nics else 0.0
+    from_config = link == "nic" and config_gbit is not None and config_gbit != nic_gbit
+    nic_gbit = config_gbit if from_config and config_gbit is not None else nic_gbit
+    rate = {"nic": nic_gbit / 8, "nvlink": node.fabric.bandwidth_gb_per_s, "pcie": node.pcie.bandwidth_gb_per_s}[link]
+    curve = {"nic": node.busbw.get("nic"), "nvlink": node.busbw.get("nvlink")}.get(link)
     size = curve.sizes_bytes[-1] if curve is not None else None
-    figure = rate if curve is None else per_nic(curve, size, rate)  # as replaced_lines prints it
+    figure = rate if curve is None or size is None else per_nic(curve, size, rate)  # as replaced_lines prints it
     return {"curve": keys.get(link, link) if curve is not None else None, "size_bytes": size,
             "bytes_per_s": figure * GB, "line_rate_bytes_per_s": rate * GB,
             "line_rate_from": "config" if from_config else "catalog"}
