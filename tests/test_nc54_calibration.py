@@ -116,3 +116,22 @@ def test_a_curve_point_above_the_line_rate_is_warned_when_the_fit_is_not(capsys)
     assert line.startswith("warning: --calibration ") and line.split(": nic ")[1].startswith(
         "all-reduce curve reaches 338.57 GB/s per NIC at 1.00 GiB (busbw 2708.56 over 8 NICs; 14 of its 27 points "
         "above the line), above the 400 Gb/s line rate of dgx-h100's NICs, which a NIC cannot pass")
+
+
+def test_calibrate_warns_a_curve_point_above_the_line_rate(tmp_path, capsys):
+    """all_reduce_2n.txt with its 1 GiB row (line 53) at 4793.5 us both ways, consistent as nccl-tests
+    prints it: 1073741824 B / 4793.5 us = 224.00 GB/s algbw, x 1.875 = 420.00 busbw; over 8 NICs per host
+    52.50 GB/s per NIC, above the 50 GB/s of dgx-h100's 400 Gb/s NICs (the fastest catalog NIC of an H100),
+    while the fit (one row of 62 moved) stays under it: warned, the file written."""
+    lines = (D / "all_reduce_2n.txt").read_text().splitlines(keepends=True)
+    size, count = lines[52].split()[:2]
+    assert size == "1073741824"
+    lines[52] = (f"{size:>12}  {count:>12}     float     sum      -1   4793.5  224.00  420.00      0   4793.5  224.00  "
+                 "420.00      0\n")
+    log = tmp_path / "ar_fast_1g.txt"
+    log.write_text("".join(lines))
+    rc, text, err = run_cli(["calibrate", log, "--link", "nic", "--out", tmp_path / "c.toml"], capsys)
+    assert rc == 0, err
+    assert ("warning: ar_fast_1g.txt: its nic curve reaches 52.50 GB/s per NIC (busbw 420.00 / 8 NICs), above the "
+            "50 GB/s line rate of dgx-h100's NICs (400 Gb/s), which a NIC cannot pass; check that size's row"
+            ) in text.splitlines()

@@ -53,7 +53,8 @@ from typing import Optional, Sequence
 from pydantic import ValidationError
 
 from meshplan.comm.calibrate_file import file_op, read_run
-from meshplan.comm.calibrate_nics import asked_nics, fit_gbs, nic_warning, system_gpu_warning
+from meshplan.comm.calibrate_nics import (asked_nics, catalog_nic_gb_per_s, curve_nic_warning, fit_gbs, nic_warning,
+                                         system_gpu_warning)
 from meshplan.comm.calibrate_table import DROP_OTHER_OP, DROP_FASTER, run_table
 from meshplan.comm.calibration_kinds import RING_OPS, kinds_set, read_rate
 from meshplan.comm.linkfit import LinkFit
@@ -245,6 +246,10 @@ def _kept_class(cls: str, candidates: list[tuple[LinkFit, str, str, int, int]],
     notes += [w for w in [nic_warning(fit, name, system, given)] if w]
     kept = [measured_curve(r, k, read_rate(fit.bandwidth_bytes_per_s / GB, per, r[0].op, r[0].n_ranks, k, cls),
                            text, alpha) for r, k, per, text, alpha in runs]
+    if cls == "nic" and not any(n.startswith("warning: ") and "line rate" in n for n in notes) and fit.backend != "gloo":
+        line = catalog_nic_gb_per_s(fit.gpu, system)
+        notes += [w for (r, k, per, text, _), c in zip(runs, kept) if c is not None and (w := curve_nic_warning(
+            text.rsplit("file ", 1)[-1], c.op, c.ranks, c.ranks // c.nodes, per, c.busbw_gb_per_s, line))]
     curves = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
     notes.append(kinds_set(cls, fit.op, fit.n_ranks, curves))
     return fit, source, curves, nics if cls == "nic" and nics != per_node else None, notes

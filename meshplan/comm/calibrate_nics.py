@@ -252,3 +252,25 @@ def config_nic_warning(cluster) -> Optional[str]:
             f"{top:.1f}" if slip else f"; check it against the NICs' datasheet (ibstat's Rate, ethtool's Speed)")
     return (f"warning: cluster.nic: rate_gbit_per_s {rate:g} Gb/s ({rate / 8:g} GB/s per NIC) is {share} of "
             f"{node.name}'s catalog NICs ({top:g} Gb/s): the field is in gigabits per second{unit}")
+
+
+def curve_nic_warning(name: str, op: str, ranks: int, per_host: int, nics: int, busbw_gb_per_s: list[float],
+                      line: tuple[float, str]) -> Optional[str]:
+    """A ``warning:`` line when a point of file ``name``'s ``nic`` curve (``op`` over ``ranks``, ``per_host``
+    ranks per host split over ``nics`` NICs; ``busbw_gb_per_s`` as written, GB/s) is above the catalog NIC
+    line rate ``line`` ((GB/s, node): :func:`catalog_nic_gb_per_s`) per NIC, where the fit need not be
+    (:func:`nic_warning` checks the fit alone; newcomer trial 54 #1). Per NIC as the fit is: busbw x the
+    host share (:func:`~meshplan.comm.calibration_kinds.host_share`) / ``nics``.
+
+    >>> print(curve_nic_warning("ar.txt", "all-reduce", 16, 8, 8, [328.6, 412.0], (50.0, "dgx-h100")))
+    warning: ar.txt: its nic curve reaches 51.50 GB/s per NIC (busbw 412.00 / 8 NICs), above the 50 GB/s line rate of dgx-h100's NICs (400 Gb/s), which a NIC cannot pass; check that size's row
+    >>> curve_nic_warning("ar.txt", "all-reduce", 16, 8, 8, [328.6], (50.0, "dgx-h100")) is None
+    True
+    """
+    share = host_share(op, ranks, per_host) / nics
+    top = max(busbw_gb_per_s, default=0.0)
+    if top * share <= line[0]:
+        return None
+    return (f"warning: {name}: its nic curve reaches {top * share:.2f} GB/s per NIC (busbw {top:.2f} / {nics} NICs"
+            f"{'' if share * nics == 1.0 else ', x the share leaving the host'}), above the {line[0]:g} GB/s line "
+            f"rate of {line[1]}'s NICs ({line[0] * 8:g} Gb/s), which a NIC cannot pass; check that size's row")
