@@ -8,7 +8,8 @@ nccl-tests (NVIDIA/nccl-tests a0b82b2) computes both columns from the time it pr
 size column ``max(sendBytes, expectedBytes)``, and ``busBw = baseBw * (nranks - 1) / nranks``) and prints
 ``timeUsec = deltaSec * 1e6`` beside them (src/util.cu ``writeBenchmarkLineBody``); doc/PERFORMANCE.md
 defines ``algbw = S/t`` and ``busbw = algbw x factor`` (:func:`~meshplan.comm.alphabeta.busbw_factor`).
-Only with ``-C 1`` is the time column another clock (``cputime``, CPU time), so such rows are not checked.
+Only with ``-C 1`` is the time column another figure (``cputime``: ``cputimeSec``, the host's time to
+issue the calls, taken before ``completeColl`` waits for them), so such rows are not checked.
 
 The text prints each of time, algbw and busbw with :func:`~meshplan.comm.nccl_tests.float_str` (2 decimals
 while they fit: 0.005 GB/s rounding for a bandwidth below 1000 GB/s; the time at 4 or more significant

@@ -140,7 +140,8 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
         if len(tokens) < len(cols):
             raise ConfigError(where, f"{len(tokens)} fields for {len(cols)} columns; pass the output unmodified")
         more = _text_row(tokens, cols, op, n, where)
-        rows, wheres = rows + more, wheres + [where] * len(more)
+        rows.extend(more)
+        wheres.extend([where] * len(more))
     if found_op and op == op_of_test(found_op[1], source):
         _check_banner(text, n, op, source, found_op[1])
     _check_ranks(rows, source)
@@ -165,7 +166,8 @@ def _check_columns(rows: list[BenchRow], wheres: list[str], cpu_time: bool) -> l
     """``rows`` when each one's algbw and busbw are what its size over its time gives
     (:func:`~meshplan.comm.nccl_rows.row_error`; ``wheres``: each row's place in its file), else a
     ConfigError naming the largest such row (:func:`~meshplan.comm.nccl_rows.rows_refusal`). Not
-    checked with ``cpu_time`` (``-C 1``: the time column is CPU time, the bandwidths the GPU's)."""
+    checked with ``cpu_time`` (``-C 1``: the time column is the host's time to issue the calls, the
+    bandwidths from the time to complete them: src/common.cu ``BenchTime``, ``cputimeSec``)."""
     bad = [] if cpu_time else [(w, e) for w, r in zip(wheres, rows) if (e := row_error(
         r.size_bytes, r.time_s, r.algbw_bytes_per_s, r.busbw_bytes_per_s, r.op, r.n_ranks)) is not None]
     refusal = rows_refusal(bad, len(rows))
