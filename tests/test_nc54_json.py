@@ -83,3 +83,12 @@ def test_the_edge_load_table_says_what_its_capacities_are(capsys):
     assert ("  capacities: nvlink4 361.6 GB/s per GPU (the calibrated busbw fit, line rate 450 GB/s) and each NIC "
             "41.38 GB/s (the calibrated busbw fit per NIC, line rate 50 GB/s): a calibrated link's capacity is its "
             "busbw fit, what NCCL's collectives reached on it, not its line rate") in text.splitlines()
+
+
+def test_the_report_page_names_the_capacities_too(tmp_path, capsys):
+    """The HTML page's link-load note carries the same capacities line as step (calibrated fits here)."""
+    page = tmp_path / "r.html"
+    rc, _, err = run_cli(["report", D / "job70b.toml", "--calibration", D / "calib.toml", "--out", page], capsys)
+    assert rc == 0, err
+    assert ("capacities: nvlink4 361.6 GB/s per GPU (the calibrated busbw fit, line rate 450 GB/s) and each NIC 41.38 "
+            "GB/s (the calibrated busbw fit per NIC, line rate 50 GB/s)") in page.read_text()
