@@ -159,7 +159,9 @@ def calibrate_runs(paths: Sequence[Path], link: Optional[str] = None, nics_per_h
     calibration file's ``nics_per_node``). Raises ConfigError naming the file for unreadable
     or unusable input, or the option for a bad NIC count. ``op`` (``--op``): the test of the text
     logs without nccl-tests' ``# Collective test starting`` banner (before 2025-06), a program name
-    (``alltoall`` or ``alltoall_perf``) or meshplan's op name; a log with the banner is read by it."""
+    (``alltoall`` or ``alltoall_perf``) or meshplan's op name; a log with the banner is read by it.
+    Last, every file's row of ``--json``'s ``runs``, kept, dropped or not used
+    (:func:`~meshplan.comm.calibrate_table.run_table`)."""
     if not paths:
         raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
     op = op_of_test(op, "--op") if op is not None else None
