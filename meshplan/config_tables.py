@@ -296,6 +296,20 @@ def _with_nics(node: dict, given) -> dict:
             "source": f"{node.get('source', '')}; config's [cluster] nic ({said}) on every NIC"}
 
 
+def nic_override_gbit(node_source: str) -> Optional[float]:
+    """The ``rate_gbit_per_s`` a config's ``[cluster] nic`` set on every NIC, read back from the
+    node source :func:`_with_nics` wrote (``--calibration`` then replaces the NICs' rate with its fit,
+    so the config's line rate lives on only there), or None where it set none.
+
+    >>> nic_override_gbit(_with_nics(catalog.node("dgx-h100").model_dump(), {"rate_gbit_per_s": 50.0})["source"])
+    50.0
+    >>> nic_override_gbit(catalog.node("dgx-h100").source) is None
+    True
+    """
+    said = re.search(r"config's \[cluster\] nic \([^)]*\brate_gbit_per_s ([0-9.eE+]+)", node_source)
+    return float(said[1]) if said else None
+
+
 def _named_parts(t: dict) -> dict:
     """An inline [cluster] table with the catalog's names resolved where a table or list goes:
     ``network = "superpod-hdr-su20"`` (a catalog network's tiers), ``node = "dgx-a100-40gb"`` (a catalog

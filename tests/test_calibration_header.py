@@ -51,6 +51,14 @@ def _expected(path) -> dict:
                          "line rate 450)",
                          "  nic busbw 45.00 GB/s per NIC calibrated fit, catalog 47.00 (ib-ndr-400-8nic at 8.00 GiB; "
                          "line rate 50)"],
+            # newcomer 54 #10: the same as fields (no logged curve in this file: logged null)
+            "replaced_links": [
+                {"link": "nvlink", "op": None, "calibrated_bytes_per_s": 4.5e11, "per_nic": False, "logged": None,
+                 "catalog": {"curve": "h100-nvlink4-ring", "size_bytes": 2 ** 33, "bytes_per_s": pytest.approx(368e9),
+                             "line_rate_bytes_per_s": 450e9, "line_rate_from": "catalog"}},
+                {"link": "nic", "op": None, "calibrated_bytes_per_s": 4.5e10, "per_nic": True, "logged": None,
+                 "catalog": {"curve": "ib-ndr-400-8nic", "size_bytes": 2 ** 33, "bytes_per_s": pytest.approx(47e9),
+                             "line_rate_bytes_per_s": 50e9, "line_rate_from": "catalog"}}],
             "warnings": []}
 
 

@@ -139,13 +139,15 @@ def test_step_prints_it_only_where_a_nic_does_not_fit(capsys):
     has no NIC traffic), whose window is still named in the header. (nicshare: the step 1.460 -> 1.437 s,
     FSDP2's reduce-scatters on their own stream, test_step_tp_hint.test_eager_config_gets_torch_compile_with_async_tp
     derives it: -22.75 ms; es50: 1.437 -> 1.464 s, + 78 x 0.34073 ms of replayed closing tp reduce-scatters,
-    the same test's derivation; the window, compute only, unchanged.)"""
+    the same test's derivation; the window, compute only, unchanged. nc54 #12: a capacities line under the
+    header, so the spill line is the 11th below it: capacities, 1 NVLink and 8 NIC rows, then it.)"""
     assert run_main("step", TRIAL) == 0
     out = capsys.readouterr().out.splitlines()
     head = next(i for i, x in enumerate(out) if x.startswith("edge load per step"))
     assert ("stage 0's compute time, its forward, backward and recompute kernels (1.098 s of the 1.464 s step"
             in out[head])
-    assert out[head + 10].startswith("  where the NICs' traffic goes: ") and len(out) == head + 11
+    assert out[head + 1].startswith("  capacities: ")
+    assert out[head + 11].startswith("  where the NICs' traffic goes: ") and len(out) == head + 12
     assert run_main("step", EXAMPLES / "torchtitan_llama3-8b_8xh100.toml", "--cluster", "dgx-h100", "--nodes", "1") == 0
     out = capsys.readouterr().out
     assert "edge load per step" in out and "where the NICs' traffic goes" not in out

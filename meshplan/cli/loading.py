@@ -14,6 +14,7 @@ import typer
 
 from meshplan.cli.common import _echo
 from meshplan.cli.schedule_opt import renamed, scheduled
+from meshplan.comm.calibrate_nics import config_nic_warning
 from meshplan.comm.calibration import apply_calibration, load_calibrations
 from meshplan.comm.calibration_notes import calibration_doc
 from meshplan.compute.kernel_fragment import kernels_line, with_kernel_files
@@ -55,6 +56,9 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[C
     read = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
     cfg = scheduled(read, schedule)
     _notes(cfg)
+    nic_unit = config_nic_warning(cfg.cluster)  # [cluster] nic far below the catalog node's NICs (nc54 #5)
+    if nic_unit:
+        _echo(nic_unit, err=True)
     try:
         plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels, quiet))
     except ConfigError as e:

@@ -22,7 +22,7 @@ from meshplan.cli.common import (
     _wrote,
 )
 from meshplan.cli.loading import _load
-from meshplan.comm.calibrate import calibrate_curves
+from meshplan.comm.calibrate import calibrate_runs
 from meshplan.comm.calibration import calibration_toml
 from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination, write_output
@@ -86,7 +86,9 @@ def _catalog_values(entry: dict) -> str:
 def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUTPUT...",
                                                     help="nccl-tests outputs (stdout text or -J JSON), one run each; FILE:TEST "
                                                          "names the test of a log without nccl-tests' '# Collective test "
-                                                         "starting' line for that file alone (old_ag.log:all_gather)"),
+                                                         "starting' line for that file alone (old_ag.log:all_gather); on a log "
+                                                         "with that line it is noted as unused, or refused where it names "
+                                                         "another test"),
                   out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
                                                      "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC, "
@@ -124,16 +126,21 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     others; an all-to-all or per-op run at its own fitted alpha. Of several runs per class one fit is kept, whatever
     the files' order: a ring op's, all-reduce first, then the slowest; on nic the ring runs of different ops (one busbw)
     are rivals too, and a 'nic: kept ...; dropped ...' line names each with its fitted busbw per NIC. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
-    whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth."""
+    whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth.
+    Every result row must hold nccl-tests' own definitions, algbw = size / time and busbw = algbw x the op's factor
+    (doc/PERFORMANCE.md): a log with a row that does not (edited columns, Gb/s written as GB/s) is refused naming
+    its line, as is one whose banner names another test than its rows fit. --json lists every file read under
+    runs: its fit (per NIC on nic), whether it was kept, dropped (and why) or not used, and the catalog NIC line
+    rate it was checked against."""
 
-    fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system, op)  # before --out's errors
+    fits, notes, sources, curves, nics, runs = calibrate_runs(logs, link, nics_per_host, system, op)  # before --out's errors
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
     source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own
     for line in notes:
         _echo(line)
     _wrote(write_output(out, calibration_toml(fits, sources, curves=curves, nics_per_node=nics), force=force))
-    _write_doc(json_path, calibrate_doc(fits, notes, source, str(out)), force)
+    _write_doc(json_path, calibrate_doc(fits, notes, source, str(out), runs), force)
 
 
 def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --testbed)"),

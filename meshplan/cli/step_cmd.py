@@ -31,6 +31,7 @@ from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.routing import balance_note
 from meshplan.compute.table_use import as_json as table_json, table_use
 from meshplan.comm.calibration_notes import roce_note, uncalibrated_note
+from meshplan.comm.calibration_replaced import capacity_words
 from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
@@ -394,6 +395,7 @@ def _print_edge_table(p, st, stage: int, loads: list, more: str) -> list:
     _echo(f"edge load per step on stage {stage} (rank {rank}, node {int(p.placement.node[rank])}{more}) (busy = "
           f"bytes / capacity; the window it must fit in: stage {stage}'s compute time, its forward, backward and "
           f"recompute kernels ({window}: not the step), and per layer the layer's forward + backward time)")
+    _echo(f"  {capacity_words(p.config.cluster)}")
     for e in loads:
         verdict = "fits" if e.fits else "DOES NOT FIT"
         _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "

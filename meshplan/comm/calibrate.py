@@ -53,7 +53,9 @@ from typing import Optional, Sequence
 from pydantic import ValidationError
 
 from meshplan.comm.calibrate_file import file_op, read_run
-from meshplan.comm.calibrate_nics import asked_nics, fit_gbs, nic_warning, system_gpu_warning
+from meshplan.comm.calibrate_nics import (asked_nics, catalog_nic_gb_per_s, curve_nic_warning, fit_gbs, nic_warning,
+                                         system_gpu_warning)
+from meshplan.comm.calibrate_table import DROP_OTHER_OP, DROP_FASTER, run_table
 from meshplan.comm.calibration_kinds import RING_OPS, kinds_set, read_rate
 from meshplan.comm.linkfit import LinkFit
 from meshplan.comm.nccl_tests import BenchRow, op_of_test
@@ -141,6 +143,15 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: 
 def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: Optional[int] = None,
                      system: Optional[str] = None, op: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str],
                                                            dict[str, list[BusbwCurve]], dict[str, int]]:
+    """:func:`calibrate_runs` without its table of runs."""
+    fits, notes, sources, curves, split, _ = calibrate_runs(paths, link, nics_per_host, system, op)
+    return fits, notes, sources, curves, split
+
+
+def calibrate_runs(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: Optional[int] = None,
+                   system: Optional[str] = None, op: Optional[str] = None
+                   ) -> tuple[list[LinkFit], list[str], dict[str, str], dict[str, list[BusbwCurve]], dict[str, int],
+                              list[dict]]:
     """:func:`calibrate`'s fits, notes and sources, per link class each file's measured curve
     (:func:`measured_curve`, read against the class's kept fit x the NICs of its run's host),
     and ``{"nic": N}`` when the kept ``nic`` run's busbw was split over N NICs per host other
@@ -148,13 +159,15 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     calibration file's ``nics_per_node``). Raises ConfigError naming the file for unreadable
     or unusable input, or the option for a bad NIC count. ``op`` (``--op``): the test of the text
     logs without nccl-tests' ``# Collective test starting`` banner (before 2025-06), a program name
-    (``alltoall`` or ``alltoall_perf``) or meshplan's op name; a log with the banner is read by it."""
+    (``alltoall`` or ``alltoall_perf``) or meshplan's op name; a log with the banner is read by it.
+    Last, every file's row of ``--json``'s ``runs``, kept, dropped or not used
+    (:func:`~meshplan.comm.calibrate_table.run_table`)."""
     if not paths:
         raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
     op = op_of_test(op, "--op") if op is not None else None
     asked = asked_nics(nics_per_host, system)
     notes: list[str] = []
-    by_link, runs, files, models = _read_files(paths, (link, op), asked, system, notes)
+    by_link, runs, files, models, unused = _read_files(paths, (link, op), asked, system, notes)
     notes += [w for w in [system_gpu_warning(system, models)] if w]
     notes.append(column_note(files))
     if nics_per_host is not None and "nic" not in by_link:
@@ -166,7 +179,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
         fits.append(fit)
         notes += kept_notes
         split.update({cls: nics} if nics is not None else {})
-    return fits, notes, sources, curves, split
+    return fits, notes, sources, curves, split, run_table(by_link, fits, unused, system)
 
 
 #: Per link class, its files' fits: (fit, source, file name, ranks per host, NICs per host).
@@ -177,11 +190,13 @@ RunsByClass = dict[str, list[tuple[list[BenchRow], int, int, str, float]]]
 
 def _read_files(paths: Sequence[Path], link_op: tuple[Optional[str], Optional[str]], asked: Optional[tuple[int, str]],
                 system: Optional[str], notes: list[str]
-                ) -> tuple[FitsByClass, RunsByClass, list[tuple[str, list[BenchRow]]], dict[str, str]]:
+                ) -> tuple[FitsByClass, RunsByClass, list[tuple[str, list[BenchRow]]], dict[str, str],
+                           list[tuple]]:
     """Every file of ``paths`` read (:func:`~meshplan.comm.calibrate_file.read_run`; ``link_op``:
     ``--link`` and ``--op``): (per link class its fits and its runs, each file's name and rows for
-    :func:`column_note`, GPU model -> the first file that named it); each file's notes appended to
-    ``notes``, a file whose fit sets no beta noted and left out. ConfigError naming the first such
+    :func:`column_note`, GPU model -> the first file that named it, each file whose fit sets no beta:
+    (class, name, fit, why, ranks per host, NICs per host)); each file's notes appended to ``notes``, a file whose fit sets no beta
+    noted and left out. ConfigError naming the first such
     file of a class no other file sets the beta of."""
     link, op = link_op
     by_link: FitsByClass = {}
@@ -189,14 +204,16 @@ def _read_files(paths: Sequence[Path], link_op: tuple[Optional[str], Optional[st
     models: dict[str, str] = {}  # GPU model -> the first file that named it
     files: list[tuple[str, list[BenchRow]]] = []  # file name, rows: column_note
     latency_bound: dict[str, tuple[str, str]] = {}  # link class -> (file, why) of its first run setting no beta
+    unused: list[tuple] = []  # every run setting no beta: (class, file, fit, why, ranks per host, NICs per host)
     used_op = False
     for path, own in map(file_op, paths):
         cls, fit, rows, hosts, per_node, nics, source, why = read_run(path, (link, own or op), asked, system, models,
-                                                                      notes)
+                                                                      notes, own)
         used_op |= own is None and op is not None and fit.op == op
         if why is not None:  # cut off below the bandwidth-bound sizes: no beta from it (linkfit.latency_bound_reason)
             notes.append(f"{path.name}: not used: {why}")
             latency_bound.setdefault(cls, (path.name, why))
+            unused.append((cls, path.name, fit, why, per_node, nics))
             continue
         by_link.setdefault(cls, []).append((fit, source, path.name, per_node, nics))
         runs.setdefault(cls, []).append((rows, len(set(hosts)), nics, source, fit.latency_s / US))
@@ -206,7 +223,7 @@ def _read_files(paths: Sequence[Path], link_op: tuple[Optional[str], Optional[st
             raise ConfigError(name, f"{why}; pass the whole output, or rerun nccl-tests up to 1 GiB or more (-e 1G)")
     if op is not None and not used_op:
         notes.append(f"--op {op}: read no log (each names its test, or has its own FILE:op)")
-    return by_link, runs, files, models
+    return by_link, runs, files, models, unused
 
 
 def _kept_class(cls: str, candidates: list[tuple[LinkFit, str, str, int, int]],
@@ -231,6 +248,10 @@ def _kept_class(cls: str, candidates: list[tuple[LinkFit, str, str, int, int]],
     notes += [w for w in [nic_warning(fit, name, system, given)] if w]
     kept = [measured_curve(r, k, read_rate(fit.bandwidth_bytes_per_s / GB, per, r[0].op, r[0].n_ranks, k, cls),
                            text, alpha) for r, k, per, text, alpha in runs]
+    if cls == "nic" and not any(n.startswith("warning: ") and "line rate" in n for n in notes) and fit.backend != "gloo":
+        line = catalog_nic_gb_per_s(fit.gpu, system)
+        notes += [w for (r, k, per, text, _), c in zip(runs, kept) if c is not None and (w := curve_nic_warning(
+            text.rsplit("file ", 1)[-1], c.op, c.ranks, c.ranks // c.nodes, per, c.busbw_gb_per_s, line))]
     curves = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
     notes.append(kinds_set(cls, fit.op, fit.n_ranks, curves))
     return fit, source, curves, nics if cls == "nic" and nics != per_node else None, notes
@@ -247,9 +268,7 @@ def _kept_note(cls: str, kept: tuple[LinkFit, str], candidates: list) -> str:
     for fit, _, name, per_node, _ in candidates:
         if name == kept[1] and fit is kept[0]:
             continue
-        why = ("the all-reduce fit is kept where there is one, as bench comm does" if fit.op != kept[0].op
-               and kept[0].op == "all-reduce" else "faster than the kept one; a collective over every link waits "
-               "for the slowest")
+        why = DROP_OTHER_OP if fit.op != kept[0].op and kept[0].op == "all-reduce" else DROP_FASTER
         if cls == "nic" and fit.op != kept[0].op:  # its curve is written, but the kept fit times the ring ops
             diff = fit.bandwidth_bytes_per_s / kept[0].bandwidth_bytes_per_s - 1
             why += (f"; {diff:+.1%} against it; NCCL runs the three ring ops on one ring, one busbw (nccl-tests "

@@ -165,6 +165,28 @@ def file_op(spec) -> tuple[Path, Optional[str]]:
     return Path(name), op_of_test(test, str(spec))
 
 
+def _own_test_note(name: str, own: str, banner: str) -> str:
+    """The note of a ``FILE:TEST`` whose log ``name`` names its test (``banner``, the op its
+    ``# Collective test starting`` line or ``-J`` JSON's args name, which reads it) as ``own`` does;
+    a ConfigError naming ``FILE:TEST`` where it names another (newcomer trial 54: ``all_gather_2n.txt:
+    reduce_scatter`` was read as all-gather without a word). ``FILE:TEST`` is for a log without the banner.
+
+    >>> _own_test_note("ag.txt", "all-gather", "all-gather")
+    "ag.txt:all_gather: not used: the log names its test (all_gather_perf) in its '# Collective test starting' line (or -J JSON's args), which reads it"
+    >>> _own_test_note("ag.txt", "reduce-scatter", "all-gather")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: ag.txt:reduce_scatter: the log names all_gather_perf in its '# Collective test starting' line (or -J JSON's args), which reads it; FILE:TEST is for a log without that line: drop ':reduce_scatter'
+    """
+    stem = {v: k for k, v in TEST_OPS.items()}
+    where, test = f"{name}:{stem.get(own, own)}", f"{stem.get(banner, banner)}_perf"
+    said = "its '# Collective test starting' line (or -J JSON's args), which reads it"
+    if own != banner:
+        raise ConfigError(where, f"the log names {test} in {said}; FILE:TEST is for a log without that line: drop "
+                                 f"':{stem.get(own, own)}'")
+    return f"{where}: not used: the log names its test ({test}) in {said}"
+
+
 def _op_fits(text: str, name: str, op: str) -> None:
     """ConfigError naming the log ``name`` (without nccl-tests' banner) whose rows do not fit the test
     ``op`` it is read as (:func:`~meshplan.comm.nccl_tests.row_fits`): an all_reduce log read as
@@ -179,19 +201,23 @@ def _op_fits(text: str, name: str, op: str) -> None:
 
 
 def read_run(path: Path, link_op: tuple[Optional[str], Optional[str]], asked: Optional[tuple[int, str]], system: Optional[str],
-             models: dict[str, str], notes: list[str]
+             models: dict[str, str], notes: list[str], own: Optional[str] = None
              ) -> tuple[str, LinkFit, list[BenchRow], list[str], int, int, str, Optional[str]]:
     """One nccl-tests file: (link class, its fit (per NIC for a ``nic`` run of several ranks
     per host), rows, hosts, ranks per host, NICs per host, source, why its fit sets no beta
     (:func:`~meshplan.comm.linkfit.latency_bound_reason`, None when it does)); its notes appended to
     ``notes``, its GPU model checked against ``models`` (:func:`one_gpu`); ``link_op``: ``--link``
-    and ``--op`` (the test of a text log without the banner)."""
+    and ``--op`` (the test of a text log without the banner); ``own``: the file's own ``FILE:TEST``
+    (:func:`file_op`), which on a log with the banner is noted as unused or refused
+    (:func:`_own_test_note`)."""
     link, op = link_op
     text = read_nccl_tests_text(path)
     banner = text.lstrip().startswith("{") or re.search(r"^# Collective test starting:", text, flags=re.M)
     if op is not None and not banner:
         _op_fits(text, path.name, op)
     rows = parse_nccl_tests(text, path.name, None if banner else op)
+    if own is not None and banner:
+        notes.append(_own_test_note(path.name, own, rows[0].op))
     hosts = hosts_of(text)
     cls = link_class(hosts, path.name, link, asked, system)
     if link == "nic" and cls != "nic":

@@ -215,3 +215,62 @@ def system_gpu_warning(system: Optional[str], models: dict[str, str]) -> Optiona
                     f"{gpu}: its NIC count and line rate may not be the measured nodes'; pass the catalog node the "
                     "runs ran on, or --nics-per-host")
     return None
+
+
+#: The share of a catalog node's NIC rate below which ``[cluster] nic``'s rate is warned
+#: (:func:`config_nic_warning`): a plain ratio, not a measured bound: two NIC generations down
+#: (400 -> 200 -> 100 Gb/s) is a plausible cheaper build of the node; 1/8 is a rate in GB/s typed
+#: in the Gb/s field (50 for 400 Gb/s NICs, newcomer trial 54 #5).
+CONFIG_LOW_SHARE = 0.25
+
+
+def config_nic_warning(cluster) -> Optional[str]:
+    """A ``warning:`` line when the NICs of ``cluster``'s node (a ClusterSpec; its
+    ``[cluster] nic`` override, if any) run below :data:`CONFIG_LOW_SHARE` of the rate of the
+    catalog node of that name, naming the field's unit, and the GB/s slip where the rate is 1/8 of
+    it (within 5%); None for a node not in the catalog, without NICs, or at a rate above that.
+
+    >>> from meshplan.catalog import system
+    >>> c = system("dgx-h100", nodes=2)
+    >>> nics = [n.model_copy(update={"rate_gbit_per_s": 50.0}) for n in c.node.nics]
+    >>> print(config_nic_warning(c.model_copy(update={"node": c.node.model_copy(update={"nics": nics})})))
+    warning: cluster.nic: rate_gbit_per_s 50 Gb/s (6.25 GB/s per NIC) is 1/8 of dgx-h100's catalog NICs (400 Gb/s): the field is in gigabits per second, and 50 GB/s is 400 Gb/s; if the NICs are 400 Gb/s, write rate_gbit_per_s = 400.0
+    >>> config_nic_warning(c) is None
+    True
+    """
+    node = cluster.node
+    if node.name not in catalog.names("node") or not node.nics:
+        return None
+    known = [n["rate_gbit_per_s"] for n in catalog.entry("node", node.name).get("nics", [])]
+    rate = min(n.rate_gbit_per_s for n in node.nics)
+    if not known or rate >= CONFIG_LOW_SHARE * max(known):
+        return None
+    top = max(known)
+    slip = abs(rate * 8 / top - 1) <= 0.05
+    share = "1/8" if slip else f"{rate / top:.0%}"
+    unit = (f", and {rate:g} GB/s is {rate * 8:g} Gb/s; if the NICs are {top:g} Gb/s, write rate_gbit_per_s = "
+            f"{top:.1f}" if slip else f"; check it against the NICs' datasheet (ibstat's Rate, ethtool's Speed)")
+    return (f"warning: cluster.nic: rate_gbit_per_s {rate:g} Gb/s ({rate / 8:g} GB/s per NIC) is {share} of "
+            f"{node.name}'s catalog NICs ({top:g} Gb/s): the field is in gigabits per second{unit}")
+
+
+def curve_nic_warning(name: str, op: str, ranks: int, per_host: int, nics: int, busbw_gb_per_s: list[float],
+                      line: tuple[float, str]) -> Optional[str]:
+    """A ``warning:`` line when a point of file ``name``'s ``nic`` curve (``op`` over ``ranks``, ``per_host``
+    ranks per host split over ``nics`` NICs; ``busbw_gb_per_s`` as written, GB/s) is above the catalog NIC
+    line rate ``line`` ((GB/s, node): :func:`catalog_nic_gb_per_s`) per NIC, where the fit need not be
+    (:func:`nic_warning` checks the fit alone; newcomer trial 54 #1). Per NIC as the fit is: busbw x the
+    host share (:func:`~meshplan.comm.calibration_kinds.host_share`) / ``nics``.
+
+    >>> print(curve_nic_warning("ar.txt", "all-reduce", 16, 8, 8, [328.6, 412.0], (50.0, "dgx-h100")))
+    warning: ar.txt: its nic curve reaches 51.50 GB/s per NIC (busbw 412.00 / 8 NICs), above the 50 GB/s line rate of dgx-h100's NICs (400 Gb/s), which a NIC cannot pass; check that size's row
+    >>> curve_nic_warning("ar.txt", "all-reduce", 16, 8, 8, [328.6], (50.0, "dgx-h100")) is None
+    True
+    """
+    share = host_share(op, ranks, per_host) / nics
+    top = max(busbw_gb_per_s, default=0.0)
+    if top * share <= line[0]:
+        return None
+    return (f"warning: {name}: its nic curve reaches {top * share:.2f} GB/s per NIC (busbw {top:.2f} / {nics} NICs"
+            f"{'' if share * nics == 1.0 else ', x the share leaving the host'}), above the {line[0]:g} GB/s line "
+            f"rate of {line[1]}'s NICs ({line[0] * 8:g} Gb/s), which a NIC cannot pass; check that size's row")

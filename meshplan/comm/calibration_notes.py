@@ -25,8 +25,10 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.comm.calibration import CalibratedLink
+from meshplan.comm.calibration_replaced import replaced_fields
 from meshplan.comm.calibration_kinds import (NVLS_KEPT_WORDS, RING_OPS, host_share, nvls_kept, ops_words, own_runs, per_nic,
                                              sets_ops)
+from meshplan.config_tables import nic_override_gbit
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec
 from meshplan.units import human_bytes
 
@@ -149,6 +151,11 @@ def replaced_lines(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> li
         return [f"  {link} busbw {c.bandwidth_gb_per_s:.2f} GB/s calibrated fit{logged_at(link, c, None)}, no catalog "
                 f"figure: node {name} is not a catalog node" for link, c in calib.items()]
     node, keys = catalog.node(name), catalog.entry("node", name).get("busbw", {})
+    catalog_gbit = node.nics[0].rate_gbit_per_s if node.nics else None
+    config_gbit = nic_override_gbit(cluster.node.source)  # [cluster] nic's: the line the plan reads (nc54 #5)
+    if node.nics and config_gbit is not None:
+        node = node.model_copy(update={"nics": [n.model_copy(update={"rate_gbit_per_s": config_gbit})
+                                                for n in node.nics]})
     out = []
     for link, c in calib.items():
         per = " per NIC" if link == "nic" else ""
@@ -158,7 +165,7 @@ def replaced_lines(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> li
         out.append(f"  {link} {c.op + ' ' if c.op else ''}busbw {c.bandwidth_gb_per_s:.2f} GB/s{per} calibrated fit"
                    f"{logged_at(link, c, size)}, "
                    f"{'the ring ops keep the catalog' + chr(39) + 's ' if own else 'catalog '}"
-                   f"{_catalog_figure(link, node, keys)}")
+                   f"{_catalog_figure(link, node, keys, catalog_gbit)}")
     return out
 
 
@@ -201,18 +208,22 @@ def logged_at(link: str, c: CalibratedLink, size_bytes: Optional[float]) -> str:
     return f" (logged {busbw * share / nics:.2f} at {size} = {how})"
 
 
-def _catalog_figure(link: str, node, keys: dict) -> str:
+def _catalog_figure(link: str, node, keys: dict, catalog_gbit: Optional[float] = None) -> str:
     """The catalog figure of ``link`` on catalog ``node`` (a NodeSpec; ``keys``: its nodes.toml
-    ``busbw`` curve names), as :func:`replaced_lines` prints it."""
+    ``busbw`` curve names), as :func:`replaced_lines` prints it: read against ``node``'s NIC rate, the
+    config's where ``[cluster] nic`` set one other than ``catalog_gbit`` (the catalog node's, Gb/s),
+    and then said so (newcomer trial 54 #5: the header said "line rate 50" on a config of 50 Gb/s NICs)."""
     if link == "nic" and not node.nics:
         return "none (the node has no NIC)"
     rate = {"nic": node.nics[0].rate_gbit_per_s / 8 if node.nics else 0.0, "nvlink": node.fabric.bandwidth_gb_per_s,
             "pcie": node.pcie.bandwidth_gb_per_s}[link]
     curve = node.busbw.get(link) if link in ("nic", "nvlink") else None
+    own = (f" = the config's {rate * 8:g} Gb/s NICs, not the catalog's {catalog_gbit:g} Gb/s" if link == "nic"
+           and catalog_gbit is not None and node.nics and node.nics[0].rate_gbit_per_s != catalog_gbit else "")
     if curve is None:
-        return f"{rate:g} (line rate; no measured curve in the catalog)"
+        return f"{rate:g} (line rate{own}; no measured curve in the catalog)"
     size = curve.sizes_bytes[-1]
-    return f"{per_nic(curve, size, rate):.2f} ({keys.get(link, link)} at {human_bytes(size)}; line rate {rate:g})"
+    return f"{per_nic(curve, size, rate):.2f} ({keys.get(link, link)} at {human_bytes(size)}; line rate {rate:g}{own})"
 
 
 def _families(name: str) -> set[str]:
@@ -268,10 +279,12 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
     and of compare's evidence: the file, the header line (:func:`calibration_line`), per link
     class its bus bandwidth (bytes/s), per-call latency (s), source and GPU model (None when not
     recorded), SI, where each fit came from (``origin``, :func:`fit_origin_lines`), the catalog
-    figure each replaced on ``cluster``'s node (``replaced``, :func:`replaced_lines`) and the GPU
+    figure each replaced on ``cluster``'s node (``replaced``, :func:`replaced_lines`; ``replaced_links``, the
+    same as fields: :func:`~meshplan.comm.calibration_replaced.replaced_fields`) and the GPU
     warnings against ``cluster`` (:func:`gpu_warnings`); both [] without one."""
     return {"file": str(path), "line": calibration_line(path, calib), "origin": fit_origin_lines(calib, cluster),
             "replaced": replaced_lines(calib, cluster) if cluster is not None else [],
+            "replaced_links": replaced_fields(calib, cluster) if cluster is not None else [],
             "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
                              "source": c.source, "gpu": c.gpu} for name, c in calib.items()},
             "warnings": gpu_warnings(path, calib, cluster) + nic_rate_warnings(path, calib, cluster)
@@ -279,12 +292,15 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
 
 
 def nic_rate_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
-    """One line when ``calib``'s ``nic`` bandwidth (per NIC) is above the line rate of the
-    catalog NICs of ``cluster``'s node (its catalog entry by name; none for a node not in the
-    catalog): a NIC carries at most its line rate, so the fit holds several NICs' traffic
-    (a file of ``meshplan calibrate --link nic`` from before it split a multi-GPU node's busbw
-    over its NICs); and one when its curve's run had k > 1 ranks per node, split over k NICs
-    (or the ``nics_per_node`` it gives), but the cluster's node has another number of NICs."""
+    """One line when ``calib``'s ``nic`` bandwidth (per NIC) is above the line rate of ``cluster``'s
+    NICs before the calibration (``[cluster] nic``'s rate where the config sets one,
+    :func:`~meshplan.config_tables.nic_override_gbit`, else its catalog node's; none for another node:
+    newcomer trial 54 #5, a 41.38 GB/s fit on NICs typed as 50 Gb/s passed unwarned): a NIC carries at
+    most its line rate, so the fit holds several NICs' traffic (a file of ``meshplan calibrate --link
+    nic`` from before it split a multi-GPU node's busbw over its NICs) or the config's rate is not the
+    NICs'; else one when a point of its logged curves is, per NIC (:func:`_curve_over`); and one when
+    its curve's run had k > 1 ranks per node, split over k NICs (or the ``nics_per_node`` it gives),
+    but the cluster's node has another number of NICs."""
     c = calib.get("nic")
     curve = c.fitted_curve() if c is not None else None
     ranks = curve.ranks // curve.nodes if curve is not None else 1
@@ -294,15 +310,55 @@ def nic_rate_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSp
     split = [f"--calibration {path}: nic was split over {per} NICs per node ({how}), but {cluster.node.name} has "
              f"{len(cluster.node.nics)}: its per-NIC figure is not this node's"
              ] if ranks > 1 and per != len(cluster.node.nics) else []
-    if c is None or c.backend == "gloo" or cluster.node.name not in catalog.names("node"):
+    known = catalog.entry("node", cluster.node.name).get("nics", []) if cluster.node.name in catalog.names("node") else []
+    config = nic_override_gbit(cluster.node.source)  # the config's line rate, which --calibration replaced
+    config = None if known and config == max(n["rate_gbit_per_s"] for n in known) else config
+    if c is None or c.backend == "gloo" or not (known or config):
         return split
-    rates = [n["rate_gbit_per_s"] for n in catalog.entry("node", cluster.node.name).get("nics", [])]
-    if not rates or c.bandwidth_gb_per_s * 8 <= max(rates):
-        return split
-    return split + [f"--calibration {path}: nic {c.bandwidth_gb_per_s:.4g} GB/s per NIC is {c.bandwidth_gb_per_s * 8 / max(rates):.1f}x "
-            f"the {max(rates):g} Gb/s line rate of {cluster.node.name}'s NICs: it holds several NICs' traffic; "
-            "calibrate the run again with its '#  Rank' lines (meshplan calibrate splits a node's busbw over its "
-            "ranks' NICs)"]
+    line = config if config is not None else max(n["rate_gbit_per_s"] for n in known)
+    whose = (f"{cluster.node.name}'s NICs as the config's [cluster] nic sets them"
+             + (f" (catalog {max(n['rate_gbit_per_s'] for n in known):g} Gb/s)" if known else "")
+             if config is not None else f"{cluster.node.name}'s NICs")
+    fix = ("check [cluster] nic's rate_gbit_per_s, in gigabits per second (400 Gb/s = 50 GB/s)" if config is not None else
+           "calibrate the run again with its '#  Rank' lines (meshplan calibrate splits a node's busbw over its "
+           "ranks' NICs)")
+    or_rate = ", or that rate is not the NICs'" if config is not None else ""
+    if c.bandwidth_gb_per_s * 8 > line:
+        return split + [f"--calibration {path}: nic {c.bandwidth_gb_per_s:.4g} GB/s per NIC is "
+                        f"{c.bandwidth_gb_per_s * 8 / line:.1f}x the {line:g} Gb/s line rate of {whose}: it holds "
+                        f"several NICs' traffic{or_rate}; {fix}"]
+    over = _curve_over(c, line / 8)
+    return split + ([f"--calibration {path}: nic {over}, above the {line:g} Gb/s line rate of {whose}, which a NIC "
+                     "cannot pass, though the fit is not: the curve came from the log's busbw column; check that log's "
+                     "rows (nccl-tests' busbw = size / time x factor) and calibrate it again, which refuses a row "
+                     f"that is not{'; ' + fix if config is not None else ''}"] if over else [])
+
+
+def _curve_over(c: CalibratedLink, line_gb_per_s: float) -> Optional[str]:
+    """The highest point of ``c``'s logged curves in busbw per NIC (x the host share over the NICs it
+    was split over, as :func:`logged_at` reads it) where it is above ``line_gb_per_s``, in words, with
+    how many points are; None where none is.
+
+    >>> from meshplan.comm.calibration import LoggedCurve
+    >>> run = LoggedCurve(op="all-reduce", ranks=16, nodes=2, sizes_bytes=[2**20, 2**32, 2**33],
+    ...                   busbw_gb_per_s=[411.84, 2697.68, 2679.52], source="s")
+    >>> _curve_over(CalibratedLink(latency_us=32, bandwidth_gb_per_s=42.43, op="all-reduce", ranks=16, source="s",
+    ...                            curve=[run]), 50.0)  # 2697.68 / 8 = 337.21
+    'all-reduce curve reaches 337.21 GB/s per NIC at 4.00 GiB (busbw 2697.68 over 8 NICs; 3 of its 3 points above the line)'
+    """
+    worst, count, total = None, 0, 0
+    for curve in c.curve:
+        nics, share = c.split_nics(curve), host_share(curve.op, curve.ranks, curve.ranks // curve.nodes)
+        for size, busbw in zip(curve.sizes_bytes, curve.busbw_gb_per_s):
+            total += 1
+            if busbw * share / nics > line_gb_per_s:
+                count += 1
+                worst = max(worst or (0.0, "", 0, 0.0, 0), (busbw * share / nics, curve.op, size, busbw, nics))
+    if worst is None:
+        return None
+    per, op, size, busbw, nics = worst
+    return (f"{op} curve reaches {per:.2f} GB/s per NIC at {human_bytes(size)} (busbw {busbw:.2f} over {nics} NICs; "
+            f"{count} of its {total} points above the line)")
 
 
 def uncalibrated_note(cluster: ClusterSpec) -> Optional[str]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.comm.alphabeta import OPS, busbw_factor
+from meshplan.comm.nccl_rows import row_error, rows_refusal
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import BOUNDS, FILE_BYTES, MAX_LINE_CHARS, MAX_WORLD, over
@@ -123,6 +124,7 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
                                   "block")
     cols: list[str] = []
     rows: list[BenchRow] = []
+    wheres: list[str] = []  # each row's file:line, for _check_columns
     for ln, line in enumerate(text.splitlines(), 1):
         if len(line) > MAX_LINE_CHARS:
             raise ConfigError(f"{source}:{ln}", f"a line of {len(line)} characters; {over('line', len(line))}")
@@ -137,8 +139,41 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
             raise ConfigError(where, "result row before the column header; pass the output unmodified")
         if len(tokens) < len(cols):
             raise ConfigError(where, f"{len(tokens)} fields for {len(cols)} columns; pass the output unmodified")
-        rows += _text_row(tokens, cols, op, n, where)
-    return _check_ranks(rows, source)
+        more = _text_row(tokens, cols, op, n, where)
+        rows.extend(more)
+        wheres.extend([where] * len(more))
+    if found_op and op == op_of_test(found_op[1], source):
+        _check_banner(text, n, op, source, found_op[1])
+    _check_ranks(rows, source)
+    return _check_columns(rows, wheres, "cputime" in cols)
+
+
+def _check_banner(text: str, n: int, op: str, source: str, banner: str) -> None:
+    """ConfigError naming ``source`` when its rows fit (:func:`row_fits`) only tests other than ``op``,
+    the one its banner ``banner`` names (newcomer trial 54: an all_reduce_perf banner over all_gather_perf
+    rows read as a wrong rank count); nothing when they fit it, or fit no modelled test over ``n`` ranks
+    (:func:`_check_ranks` then names the rank count)."""
+    found = row_fits(text, n)
+    if found is None or not found[0] or any(TEST_OPS[f] == op for f in found[0]):
+        return
+    fits, said = found
+    tests = " or ".join(f"{f}_perf" for f in fits)
+    raise ConfigError(source, f"its banner names {banner}, but its rows ({said}) fit {tests}: the banner and the "
+                              "rows are of two runs; pass the whole output of one nccl-tests run, unmodified")
+
+
+def _check_columns(rows: list[BenchRow], wheres: list[str], cpu_time: bool) -> list[BenchRow]:
+    """``rows`` when each one's algbw and busbw are what its size over its time gives
+    (:func:`~meshplan.comm.nccl_rows.row_error`; ``wheres``: each row's place in its file), else a
+    ConfigError naming the largest such row (:func:`~meshplan.comm.nccl_rows.rows_refusal`). Not
+    checked with ``cpu_time`` (``-C 1``: the time column is the host's time to issue the calls, the
+    bandwidths from the time to complete them: src/common.cu ``BenchTime``, ``cputimeSec``)."""
+    bad = [] if cpu_time else [(w, e) for w, r in zip(wheres, rows) if (e := row_error(
+        r.size_bytes, r.time_s, r.algbw_bytes_per_s, r.busbw_bytes_per_s, r.op, r.n_ranks)) is not None]
+    refusal = rows_refusal(bad, len(rows))
+    if refusal is not None:
+        raise ConfigError(*refusal)
+    return rows
 
 
 #: What each modelled nccl-tests program prints in a result row (NVIDIA/nccl-tests src/util.cu
@@ -257,7 +292,7 @@ def parse_nccl_tests_json(text: str, source: str = "nccl-tests JSON", op: Option
                                                        "wrote")
     if n > MAX_WORLD:
         raise ConfigError(f"{source}: config.devices", f"{n} ranks; {over('world', n)}")
-    rows = []
+    rows, wheres, cpu = [], [], False
     for i, res in enumerate(doc["results"]):
         for key in ("out_of_place", "in_place"):
             part = res.get(key) if isinstance(res, dict) else None
@@ -273,7 +308,10 @@ def parse_nccl_tests_json(text: str, source: str = "nccl-tests JSON", op: Option
                 raise ConfigError(f"{source}: results[{i}].size", "must be 0..2^50 bytes; pass the file -J wrote")
             rows.append(_checked(BenchRow(op, n, int(fields[0]), fields[1] * US, fields[2] * GB, fields[3] * GB,
                                           in_place=key == "in_place"), f"{source}: results[{i}].{key}"))
-    return _check_ranks(rows, source)
+            wheres.append(f"{source}: results[{i}].{key}")
+            cpu |= isinstance(part, dict) and "time" not in part  # -C 1: cpu_time
+    _check_ranks(rows, source)
+    return _check_columns(rows, wheres, cpu)
 
 
 #: The lines nccl-tests prints after its last result row, one of which every version has

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.comm.calibration_replaced import capacity_words
 from meshplan.compute.shapes import fused_qkv_words
 from meshplan.mesh.axes import order_words
 from meshplan.plan import Infeasible, Plan
@@ -163,7 +164,7 @@ def _step(plan: Plan, st: StepTime) -> str:
         body += "<h3>Predicted pipeline timeline</h3>"
         body += gantt_svg(st.pipeline.events, st.post_events, st.example_ranks)
     body += ("<h3>Link load per step</h3><p class=\"note\">busy = bytes over the link per step / its capacity, against "
-             "the stage's compute time; GB = 1e9 B; stage 0 (rank 0, node 0)</p>")
+             f"the stage's compute time; GB = 1e9 B; stage 0 (rank 0, node 0); {capacity_words(plan.config.cluster)}</p>")
     body += _loads_html(edge_loads(plan, st))
     other = other_stage_loads(plan, st)
     if other is not None:  # step's second table (meshplan.schedule.link_spill.other_stage_loads)

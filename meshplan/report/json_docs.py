@@ -30,6 +30,7 @@ from meshplan.schedule.linkload import concurrency, edge_loads, step_rows, timin
 from meshplan.schedule.nic_sharing import nic_waits
 from meshplan.schedule.stage_balance import closed_form, uniform_bubble
 from meshplan.schedule.stage_traffic import traffic_stage
+from meshplan.schedule.timing_rows import timing_rows
 from meshplan.schedule.waits import BubbleWait
 
 #: Commands with a ``--json`` document, each with its schema file (a group's commands as
@@ -137,7 +138,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     megatron_throughput_flops_per_s=st.megatron_throughput,
                     megatron_runtime=runtime_followed(plan.config.model, plan.config.training),
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
-                    collectives=[_timing(t, step_rows(plan, t)) for t in timings(st)],
+                    collectives=[_timing(t, step_rows(plan, t), timing_rows(plan, t)) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
                     nic_sharing_s=[{"stream": a, "beside": b, "seconds": v} for (a, b), v in sorted(nic_waits(st).items())],
                     links=[_link(e) for e in edge_loads(plan, st)], other_stage_links=_other_links(plan, st),
@@ -170,13 +171,17 @@ def _schedule(st) -> Optional[str]:
     return None if spec.p == 1 else str(spec.schedule)
 
 
-def _timing(t, rows: str = "") -> dict[str, Any]:
+def _timing(t, rows: str = "", plan_rows: Sequence = ()) -> dict[str, Any]:
     """One readiness row (:class:`~meshplan.schedule.linkload.Timing`) with its slack; ``issued``
     only where a per-step row goes out inside the last backward or after it; ``rows`` only on a
-    ``step`` row: the cadences of the plan rows it stands for (:func:`~meshplan.schedule.linkload.step_rows`)."""
+    ``step`` row: the cadences of the plan rows it stands for (:func:`~meshplan.schedule.linkload.step_rows`);
+    ``plan_rows``: those rows (:func:`~meshplan.schedule.timing_rows.timing_rows`) with the keys ``plan
+    --json`` gives them (axis, cadence, size_bytes, group_size, busbw_bytes_per_s, time_s: one call each)."""
     doc = dict(plain_data(t), slack_s=t.slack_s)
     if not doc["issued"]:
         del doc["issued"]
+    doc["plan_rows"] = [{"axis": r.axis, "cadence": r.cadence, "size_bytes": r.size_bytes, "group_size": r.group_size,
+                         "busbw_bytes_per_s": r.busbw_bytes_per_s, "time_s": r.time_s} for r in plan_rows]
     return {**doc, "rows": rows} if rows else doc
 
 
@@ -257,8 +262,11 @@ def catalog_doc(kind: str, entries: dict[str, dict]) -> dict[str, Any]:
     return envelope("catalog", kind=kind, entries=entries)
 
 
-def calibrate_doc(fits, notes: Sequence[str], source: str, out: str) -> dict[str, Any]:
-    return envelope("calibrate", fits=[plain_data(f) for f in fits], notes=list(notes), source=source, out=out)
+def calibrate_doc(fits, notes: Sequence[str], source: str, out: str, runs: Sequence[dict] = ()) -> dict[str, Any]:
+    """``calibrate``: the fit each link class kept, the notes, and ``runs``: every file read, kept,
+    dropped or not used, as fields (:func:`meshplan.comm.calibrate_table.run_table`)."""
+    return envelope("calibrate", fits=[plain_data(f) for f in fits], notes=list(notes), source=source, out=out,
+                    runs=list(runs))
 
 
 def files_doc(files: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
