@@ -3,7 +3,8 @@
 (``"p2p"``, Megatron-LM's default, :func:`meshplan.spec.axes.cp.p2p_rows`): the attention block's
 core as the ring's ``cp`` steps, torch's each ``1/cp`` of its attention calls (and its ring kernels,
 :data:`RING_OPS`), TE's each its own call and correction kernels (:mod:`meshplan.compute.te_ring`),
-torch's K/V all-gather beside the first and its fp32 dK/dV shifts beside the
+torch's K/V all-gather beside the first (or, under ``training.cp_rotate = "alltoall"``, a K/V shift
+beside each step: :func:`a2a_forward`, :func:`a2a_backward`) and its fp32 dK/dV shifts beside the
 next, TE's sends each beside its own step (:func:`ring_forward`, :func:`ring_backward`), called by
 :mod:`meshplan.schedule.layer_timeline`.
 

@@ -1,6 +1,7 @@
 """Context parallelism (``cp``): each sequence split over cp ranks as 2 load-balanced chunks;
-K and V exchanged over cp in every attention layer, by torch's ring attention, Transformer
-Engine's p2p ring (Megatron-LM's) or Llama 3's all-gather CP (``training.cp_attention``,
+K and V exchanged over cp in every attention layer, by torch's ring attention (its K/V
+all-gathered or, ``training.cp_rotate = "alltoall"``, shifted rank to rank: :func:`ring_rows`),
+Transformer Engine's p2p ring (Megatron-LM's) or Llama 3's all-gather CP (``training.cp_attention``,
 :func:`cp_rows`).
 
 >>> from types import SimpleNamespace as N
@@ -330,7 +331,8 @@ CP = AxisDef(
                 _flex_bad, _flex)),
     divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
-    collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence (p2p ring: none)"),
+    collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence (p2p ring and the "
+                                "all-to-all rotation: none)"),
                  CollectiveKind("send/recv", "cp", "forward", "K and V to the next rank, cp - 1 times (Transformer "
                                 "Engine's p2p ring; torch's ring with cp_rotate \"alltoall\")"),
                  CollectiveKind("all-gather", "cp", "backward", "K and V again where the layer is recomputed (ring: "
