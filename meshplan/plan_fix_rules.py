@@ -19,6 +19,9 @@ verdict, with its own ``fix:`` line, :mod:`meshplan.plan_fix`).
   divide (handed case C8, ``20 layers per stage (40 / pp 2) do not divide into vpp 12``): the vpp
   degrees (or chunk sizes) that divide the layers per stage, and the interleaved split where one
   exists.
+- :func:`seq_fix`: a sequence that cp's load-balanced split does not cut into 2 x cp chunks
+  (``seq_len 131080 is not divisible by 2 * cp (32)``): the nearest divisible seq_len values and
+  the divisors of cp that split it, each checked by :func:`valid_reason`.
 - :func:`mesh_checker`: the predicate :func:`meshplan.mesh.resolve.world_error` checks its
   rescaled shape and its node count with, so ``shape = [21, 3]`` of Mixtral-8x7B on 32 GPUs is not
   told ``shape [32, 3]`` (ep 3 does not divide 8 experts).
@@ -209,16 +212,16 @@ def _with_degrees(spec: MeshSpec, new: dict[str, int]) -> MeshSpec:
     return spec.model_copy(update={"degrees": {**(spec.degrees or {}), **new}})
 
 
-def _retp(spec: MeshSpec, tp: int, old: int) -> Optional[MeshSpec]:
-    """``spec`` at tp ``tp`` with the world kept: an axis given as -1 infers it, else the first
+def _retp(spec: MeshSpec, tp: int, old: int, name: str = "tp") -> Optional[MeshSpec]:
+    """``spec`` at tp (axis ``name``) ``tp`` with the world kept: an axis given as -1 infers it, else the first
     data axis (:data:`DATA_AXES`) takes ``old / tp`` times its degree (None where none can)."""
     pairs = dict(zip(spec.names, spec.shape)) if spec.names is not None and spec.shape is not None \
         else dict(spec.degrees or {})
     if -1 in pairs.values():
-        return _with_degrees(spec, {"tp": tp})
+        return _with_degrees(spec, {name: tp})
     for axis in (a for a in DATA_AXES if a in pairs):
         if (pairs[axis] * old) % tp == 0:
-            return _with_degrees(spec, {"tp": tp, axis: pairs[axis] * old // tp})
+            return _with_degrees(spec, {name: tp, axis: pairs[axis] * old // tp})
     return None
 
 
@@ -232,15 +235,51 @@ def _either(items: list[str]) -> str:
     return ", ".join(items[:-1]) + (" or " if len(items) > 1 else "") + items[-1]
 
 
-def _tp_choice(keys: KeyMap, spec: MeshSpec, new: MeshSpec, tp: int) -> str:
+def _tp_choice(keys: KeyMap, spec: MeshSpec, new: MeshSpec, tp: int, name: str = "tp") -> str:
     """One choice of :func:`heads_fix`, ``tp 2 (mesh.shape [4, 2])``; in ``keys``' names the
     degrees it changes where the file has keys for them (``tensor_parallel_degree 2
     (parallelism.data_parallel_shard_degree = 4, parallelism.tensor_parallel_degree = 2)``), said
     once where tp alone changes (``--tensor-model-parallel-size 2``)."""
     change = None if spec.names is None else keys.mesh_change(spec.names, spec.shape or [], new.shape or [])
-    if change is not None and change == keys.degree_setting("tp", tp):
+    if change is not None and change == keys.degree_setting(name, tp):
         return change
-    return f"{keys.axis('tp')} {tp} ({change or _mesh_words(new)})"
+    return f"{keys.axis(name)} {tp} ({change or _mesh_words(new)})"
+
+
+#: Multiples of 2 x cp tried each way from the configured seq_len (:func:`seq_fix`): the other rules
+#: (sequence parallel's share over tp) may need a larger multiple.
+SEQ_STEPS = 64
+
+
+def seq_fix(plan: Infeasible, keys: KeyMap = OWN) -> Optional[str]:
+    """The ``fix:`` line of a sequence that cp's load-balanced causal split does not cut into
+    ``2 x cp`` chunks (rule ``seq_cp``, :mod:`meshplan.spec.axes.cp`; None otherwise; newcomer
+    trial 53 #7): the nearest ``seq_len`` below and above, multiples of ``2 x cp`` (at most
+    :data:`SEQ_STEPS` of them each way), that every rule takes, then the divisors of the configured
+    cp that split the sequence (a data axis takes the ranks, :func:`_retp`), each checked by
+    :func:`valid_reason` (with sequence parallelism ``s / cp`` must be a multiple of tp too).
+
+    The trial's seq_len 131,080 at cp 16 x tp 8 with SP: seq_len a multiple of 2 x 16 and of
+    16 x 8, 128: 131,072 (1,024 x 128) or 131,200; no cp: 131,080 = 8 x 16,385 takes tp 8 x cp
+    only at cp 1 (16,385 is odd) (tests/test_nc53_hints.py)."""
+    cfg, mesh, spec = plan.config, plan.mesh, plan.config.mesh
+    s = cfg.training.seq_len
+    if mesh is None or spec is None or mesh.degree("cp") <= 1 or s % (2 * mesh.degree("cp")) == 0:
+        return None
+    cp = mesh.degree("cp")
+    lo, field = s // (2 * cp) * (2 * cp), keys.field("training.seq_len")
+    ok = lambda v: v > 0 and valid_reason(replace(cfg, training=cfg.training.model_copy(update={"seq_len": v}))) is None
+    below = next((v for v in range(lo, max(lo - SEQ_STEPS * 2 * cp, 0), -2 * cp) if ok(v)), None)
+    above = next((v for v in range(lo + 2 * cp, lo + (SEQ_STEPS + 1) * 2 * cp, 2 * cp) if ok(v)), None)
+    seqs = [str(v) for v in (below, above) if v is not None]
+    good = [f"{field} {_either(seqs)}"] if seqs else []
+    for c in (c for c in range(cp - 1, 1, -1) if cp % c == 0 and s % (2 * c) == 0):
+        new = _retp(spec, c, cp, "cp")
+        if new is not None and valid_reason(replace(cfg, mesh=new)) is None:
+            good.append(_tp_choice(keys, spec, new, c, "cp"))
+    if not good:
+        return None
+    return f"fix: seq_len {s} must split into 2 x cp = {2 * cp} chunks (load-balanced causal CP): {'; or '.join(good)}"
 
 
 def heads_fix(plan: Infeasible, keys: KeyMap = OWN) -> Optional[str]:

@@ -213,7 +213,7 @@ def test_megatron_refuses_ring_and_validate_names_the_field():
     assert not [r for r in runtime_refusals(config(cp_attention="allgather"), mesh) if "cp_attention" in r]
 
 
-def test_torchtitan_import_plans_ring_and_refuses_alltoall_rotation(tmp_path):
+def test_torchtitan_import_plans_ring_and_reads_the_rotation(tmp_path):
     text = TT.read_text()
     assert "context_parallel_degree = 1" in text
     path = tmp_path / "cp.toml"
@@ -228,9 +228,8 @@ def test_torchtitan_import_plans_ring_and_refuses_alltoall_rotation(tmp_path):
     assert "context_parallel_rotate_method" not in cfg.notes[-1]
     path.write_text(text.replace("context_parallel_degree = 1", "context_parallel_degree = 2\n"
                                  "context_parallel_rotate_method = \"alltoall\""))
-    with pytest.raises(ConfigError, match=r"^parallelism.context_parallel_rotate_method: 'alltoall': meshplan models "
-                                          r"torch's ring attention with its all-gather rotation only"):
-        load_any(path, opts=H100)
+    # planned since nc53 #2 (torch's all-to-all rotater, tests/test_cp_alltoall.py), no longer refused
+    assert load_any(path, opts=H100).training.cp_rotate == "alltoall"
     assert load_any(TT, opts=H100).training.cp_attention is None  # cp 1: nothing to say
 
 

@@ -30,7 +30,7 @@ from meshplan.fileread import command_inputs
 from meshplan.interop.file_words import file_words
 from meshplan.interop.keymaps import keymap_of
 from meshplan.plan import Infeasible, Plan
-from meshplan.plan_fix_rules import experts_fix, heads_fix, split_fix, vpp_fix
+from meshplan.plan_fix_rules import experts_fix, heads_fix, seq_fix, split_fix, vpp_fix
 from meshplan.report.json_docs import to_json
 
 
@@ -119,14 +119,15 @@ def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
     ``fix:`` line of :func:`meshplan.plan_fix_rules.experts_fix`; for a tp that does not split the
     heads, :func:`~meshplan.plan_fix_rules.heads_fix`'s; for layers per stage that vpp does not
     divide, :func:`~meshplan.plan_fix_rules.vpp_fix`'s; for layers that pp does not divide without
-    a split, :func:`meshplan.plan_fix_rules.split_fix`'s), then exit 1."""
+    a split, :func:`meshplan.plan_fix_rules.split_fix`'s; for a sequence cp does not split into 2 x cp
+    chunks, :func:`~meshplan.plan_fix_rules.seq_fix`'s), then exit 1."""
     _infeasible(plan)
     fix = None
     if isinstance(plan, Infeasible):  # heads/split/vpp_fix built in a foreign file's keys; experts_fix rewritten
         keys = keymap_of(plan.config)
         experts = experts_fix(plan)  # its refusals quote the rules' reasons, which are in meshplan's words
         fix = _in_file(plan, experts) if experts else (heads_fix(plan, keys) or vpp_fix(plan, keys)
-                                                       or split_fix(plan, keys))
+                                                       or split_fix(plan, keys) or seq_fix(plan, keys))
     if fix:
         _echo(fix, err=True)
     raise typer.Exit(1)

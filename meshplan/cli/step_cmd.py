@@ -40,6 +40,7 @@ from meshplan.interop.keymaps import keymap_of
 from meshplan.plan_fix import memory_fix
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
+from meshplan.schedule.cp_hint import cp_hint
 from meshplan.schedule.ep_hint import ep_hint
 from meshplan.schedule.ep_routing import routing_caveat
 from meshplan.schedule.reshard_note import reshard_default_note
@@ -298,7 +299,7 @@ def _verdict(p, st, again, bw) -> list[str]:
     listed = any(line.startswith(("cause:", "hint: exposed")) for line in net)
     ep = ep_hint(p, st, again, bw)
     reshard = reshard_default_note(p)
-    lines = ([reshard] if reshard else []) + (net + host_hint(p, st, again) + bubble_hint(p, st, again) + tp_hint(p, st, again) + ep
+    lines = ([reshard] if reshard else []) + (net + host_hint(p, st, again) + bubble_hint(p, st, again) + tp_hint(p, st, again) + cp_hint(p, st, again) + ep
              + link_bound_hint(p, st, again, knobs_listed=listed, ep_listed=bool(ep)))
     caveat = routing_caveat(p)
     if caveat is None:

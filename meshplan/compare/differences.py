@@ -29,7 +29,8 @@ _MESH_SPELLING = ("names", "shape", "order", "degrees", "world", "custom_axes")
 #: does not apply to a side's sharding (:meth:`~meshplan.spec.training_knobs.TrainingKnobs.knob_acts`).
 AXIS_KNOBS = {"mesh.pp_schedule": "pp", "mesh.virtual_stages": "pp", "mesh.layers_per_virtual_stage": "pp",
               "mesh.pp_layer_split": "pp", "training.pp_schedule_runs": "pp", "mesh.sequence_parallel": "tp",
-              "mesh.loss_parallel": "tp", "training.tp_comm_overlap": "tp", "training.cp_attention": "cp"}
+              "mesh.loss_parallel": "tp", "training.tp_comm_overlap": "tp", "training.cp_attention": "cp",
+              "training.cp_rotate": "cp"}
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,8 @@ class Workload:
     rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse;
     ``fp8_all_gather``: FSDP2 gathers them already cast (their casts: :mod:`meshplan.compute.float8`);
     ``torch_ring_attention``: at cp > 1 torch's context-parallel ring attention merges and
-    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`); ``te_ring_attention``:
+    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`), ``cp_alltoall`` its K/V
+    rotated by all-to-all (``training.cp_rotate``: compiled, every step's concatenation runs); ``te_ring_attention``:
     at cp > 1 Transformer Engine's p2p ring (Megatron-LM's default ``--cp-comm-type``) runs the
     rank's attention as ``cp`` calls, one per ring step, each rated at its own shape as torch's are
     (:func:`meshplan.compute.te_ring.te_rank`: each step's call and TE's correction kernels by step); ``moe_tp_ops``:
@@ -169,6 +170,7 @@ class Workload:
     fp8_all_gather: bool = False
     async_tp: str = ""
     torch_ring_attention: bool = False
+    cp_alltoall: bool = False
     te_ring_attention: bool = False
     moe_tp_ops: tuple[str, ...] = ()
     framework: str = "torch"
@@ -340,7 +342,7 @@ def framework_kernels(training) -> dict:
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
 'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
-'sp_layout_copies': False, 'torch_ring_attention': False, 'te_ring_attention': True, 'framework': 'megatron', \
+'sp_layout_copies': False, 'torch_ring_attention': False, 'cp_alltoall': False, 'te_ring_attention': True, 'framework': 'megatron', \
 'megatron_core': False, 'core_attention_mask': False, 'op_sac_policy': '238fa99', \
 'shared_beside_combine': False, 'no_grad_bda': True}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
@@ -361,6 +363,7 @@ def framework_kernels(training) -> dict:
             "eager_loss": not megatron and not (training.torch_compile and training.torch_compile_loss),
             "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
             "sp_layout_copies": not megatron, "torch_ring_attention": training.cp_ring,
+            "cp_alltoall": training.cp_ring and training.cp_rotate == "alltoall",
             "te_ring_attention": training.cp_p2p, "framework": training.framework,
             "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask,
             "op_sac_policy": training.op_sac,

@@ -76,7 +76,8 @@ MERGE = "cp ring merge"
 GRAD_ACCUMULATION = "cp ring gradient accumulation"
 
 
-def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int, n_dq: Optional[int] = None) -> tuple[int, int]:
+def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int, n_dq: Optional[int] = None,
+               alltoall: bool = False) -> tuple[int, int]:
     """(forward, backward) bytes read + written per layer per micro-batch by the ring's own
     kernels (module docstring) on cp rank ``rank``, bf16 inputs; ``r = rank`` later steps take the
     whole Q (``i <= rank``), ``p = cp - 1 - rank`` half of it (``i > rank``). ``n_q``: the
@@ -106,7 +107,11 @@ def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int, n_dq: Optio
     ``n_q (12 + 10 r + 9 p)``, dK and dV first written (6 B), each later step's received fp32
     gradients read and written with the call's bf16 gradients added, whole (10 B, ``i > rank``)
     or half (9 B, ``i <= rank``), cast back (6 B), K and V concatenated once (4 B):
-    ``n_kv (16 + 9 r + 10 p)``. Each backward ``n_q`` term is ``n_dq``'s.
+    ``n_kv (16 + 9 r + 10 p)``. Each backward ``n_q`` term is ``n_dq``'s. With ``alltoall``
+    (``training.cp_rotate``: each step sends its own concatenation, torch 2.13
+    ``_templated_ring_attention`` lines 436-439, ``_templated_ring_attention_backward`` 531-534)
+    no concatenation is dropped: ``cp - 1`` of them (4 B each) in either pass, where the
+    all-gather rotation's compiled graph keeps one.
 
     >>> ring_bytes(100, 200, 2, eager=True, rank=1)   # 100 (12 + 38), 200 * 8; 100 * 30, 200 (24 + 13 + 4 + 16)
     (6600, 14400)
@@ -118,6 +123,8 @@ def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int, n_dq: Optio
     (0, 0)
     >>> ring_bytes(100, 200, 2, eager=True, rank=1, n_dq=150)   # dQ of 150 elements: 150 * 30 + 200 * 57
     (6600, 15900)
+    >>> ring_bytes(100, 200, 4, eager=False, rank=1, alltoall=True)   # 100 (12 + 10 + 18) + 200 * 4 * 3; 100 * 40 + 200 (16 + 9 + 20 + 8)
+    (6400, 14600)
     """
     if cp <= 1:
         return (0, 0)
@@ -126,7 +133,9 @@ def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int, n_dq: Optio
     if eager:
         return (n_q * (12 + 38 * r + 27 * p) + n_kv * 4 * cp,
                 dq * (20 + 10 * r + 13 * p) + n_kv * (24 + 13 * r + 10 * p + 4 * (cp - 1) + 8 * cp))
-    return (n_q * (12 + 10 * r + 9 * p) + n_kv * 4, dq * (12 + 10 * r + 9 * p) + n_kv * (16 + 9 * r + 10 * p))
+    cats = 4 * (cp - 1 if alltoall else 1)
+    return (n_q * (12 + 10 * r + 9 * p) + n_kv * cats,
+            dq * (12 + 10 * r + 9 * p) + n_kv * (12 + cats + 9 * r + 10 * p))
 
 
 @dataclass(frozen=True)
@@ -169,7 +178,8 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
     n_q, n_kv, n_dq = _elements(att)
     rated = rated_calls(data, att, w.cp, w.attention_kernels) if data is not None else None
     # torch's merge and accumulation kernels; Transformer Engine's ring: none counted
-    kernel_bytes = lambda r: ring_bytes(n_q, n_kv, w.cp, w.torch_eager, r, n_dq) if applies(w) else (0, 0)
+    kernel_bytes = lambda r: ring_bytes(n_q, n_kv, w.cp, w.torch_eager, r, n_dq, w.cp_alltoall) if applies(w) \
+        else (0, 0)
     best: Optional[tuple[float, int]] = None
     for rank in range(w.cp):
         fwd, bwd = kernel_bytes(rank)

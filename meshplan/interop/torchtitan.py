@@ -53,6 +53,9 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
   pipeline_parallel_layers_per_stage,            with embedding and output weighted as layers,
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
 parallelism.disable_loss_parallel              mesh.loss_parallel
+parallelism.context_parallel_rotate_method     training.cp_rotate ("alltoall": torch's ring shifts K/V
+                                                 cp - 1 times a pass; "allgather", the default,
+                                                 left unset; written back on export)
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
 parallelism.pipeline_parallel_expert_          training.pp_ep_overlap (DualPipeV with ep: the pairs'
   parallel_overlap                               overlap; with AC torchtitan raises: infeasible)

@@ -25,7 +25,7 @@ AC_KEYS = ("mode", "selective_ac_option")
 #: folder; the clipping bound, read as clipping on and as training.grad_clip_norm, which no plan
 #: changes; whether torchao precomputes the float8
 #: scales, read for a note, the plan's float8 all-gather timed with the precompute either way; the
-#: ring attention's K/V rotation, read for a refusal or a note, which no plan sets):
+#: ring attention's K/V rotation, read as training.cp_rotate, which the writer writes where "alltoall"):
 #: carried by :func:`carried`, not rewritten.
 KEPT = {"model.hf_assets_path", "training.max_norm", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
         "parallelism.context_parallel_rotate_method"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.errors import ConfigError, did_you_mean
+from meshplan.errors import ConfigError, did_you_mean, printable
 
 #: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names
 #: (InterleavedZeroBubble: zb_h1, at one stage per rank only, ``spec.mesh.multi_stage_refusal``).
@@ -219,19 +219,27 @@ def read_compile(c: dict, notes: list[str]) -> dict[str, bool]:
 
 
 def read_cp_attention(par: dict, cp: int, notes: list[str]) -> dict[str, str]:
-    """Nothing to set at cp > 1: torchtitan runs torch's ring attention, what ``cp_attention`` unset
-    plans under framework torch (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`; written
-    out, the key would be refused once the user switches the framework to megatron). Its
-    ``context_parallel_rotate_method`` is read: "alltoall" at cp > 1 is an error (only "allgather",
-    the default, is modelled); written, the key adds a note saying what was planned (the K/V
-    all-gather rotation at cp > 1, nothing at cp 1, where no ring runs) and is carried unchanged
-    on export (:data:`~meshplan.interop.torchtitan_carry.KEPT`)."""
+    """torchtitan runs torch's ring attention at cp > 1, what ``cp_attention`` unset plans under
+    framework torch (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`; written out, the key
+    would be refused once the user switches the framework to megatron). Its
+    ``context_parallel_rotate_method`` (v0.2.2 ``config/job_config.py``:446, "allgather" or
+    "alltoall", torch's ``set_rotate_method``) is read: "alltoall" at cp > 1 sets
+    ``training.cp_rotate`` (:func:`meshplan.spec.axes.cp.alltoall_kv_rows`), another value is an
+    error; written, the key adds a note saying what was planned (nothing at cp 1, where no ring
+    runs) and is carried unchanged on export (:data:`~meshplan.interop.torchtitan_carry.KEPT`).
+
+    >>> notes = []
+    >>> read_cp_attention({"context_parallel_rotate_method": "alltoall"}, 16, notes), notes[0][-49:]
+    ({'cp_rotate': 'alltoall'}, 'the K/V shifted to the next rank beside each step')
+    """
     rotate = par.get("context_parallel_rotate_method", "allgather")
-    if cp > 1 and rotate != "allgather":
-        raise ConfigError("parallelism.context_parallel_rotate_method", f"{rotate!r}: meshplan models torch's ring "
-                          f"attention with its all-gather rotation only (torchtitan's default); set \"allgather\"")
+    if rotate not in ("allgather", "alltoall"):
+        raise ConfigError("parallelism.context_parallel_rotate_method", f"{printable(str(rotate))[:40]!r} is not "
+                          "\"allgather\" or \"alltoall\" (torch's set_rotate_method); give one of the two")
     if "context_parallel_rotate_method" in par:
         notes.append(f"parallelism.context_parallel_rotate_method {rotate!r} read: " + (
-            f"planned as torch's ring attention with the K/V all-gather rotation at cp {cp}" if cp > 1 else
+            ("planned as torch's ring attention with the K/V all-gather rotation at cp " + str(cp)
+             if rotate == "allgather" else f"planned as torch's ring attention at cp {cp} with the all-to-all "
+             "rotation (training.cp_rotate): the K/V shifted to the next rank beside each step") if cp > 1 else
             "no effect at context_parallel_degree 1 (no ring attention runs)"))
-    return {}
+    return {"cp_rotate": rotate} if cp > 1 and rotate == "alltoall" else {}

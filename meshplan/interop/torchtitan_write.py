@@ -91,7 +91,8 @@ def write(cfg: Config) -> dict[str, dict]:
     par |= {"fsdp_reshard_after_forward": reshard_policy(t, pp),
             "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
             "enable_async_tensor_parallel": t.tp_comm_overlap} | write_backend(t.moe_dispatcher) | (
-        {} if t.pp_ep_overlap else {"pipeline_parallel_expert_parallel_overlap": False})
+        {} if t.pp_ep_overlap else {"pipeline_parallel_expert_parallel_overlap": False}) | (
+        {"context_parallel_rotate_method": "alltoall"} if t.cp_rotate == "alltoall" else {})
     if pp > 1:
         par |= {"pipeline_parallel_schedule": WRITTEN_SCHEDULES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,

@@ -95,6 +95,15 @@ d``); and four fp32 dK/dV buffers of ``4 R / (a cp)`` bytes each: the received b
 receive buffer ``_AllToAllRotater.exchange_buffers``' ``permute_tensor`` allocates. The
 SDPA call's own dQ, dK, dV are the step's working set already.
 
+Under ``training.cp_rotate = "alltoall"`` (``rotate_method`` ALL_TO_ALL, both passes' K/V through
+``_AllToAllRotater``, torch 2.13 lines 253-270, 427-441, 519-534) nothing is gathered: at a step
+``1 <= i < cp - 1`` the K/V received at step ``i - 1`` (``R / cp``, the step's key and value are
+views of it), their ``torch.cat`` being sent (``R / cp``) and the receive buffer
+``permute_tensor`` allocates (``R / cp``): ``3 R / cp`` in flight (cp 2: ``2 R / cp``, the first
+step's send and receive buffers), beside the fp32 merged output in the forward. Backward, at the
+dK/dV shift of a step ``i >= 1``: the received K/V (``R / cp``), at cp > 2 that step's send and
+receive buffers (``2 R / cp``), and the fp32 dQ and four dK/dV buffers as above.
+
 >>> from meshplan.spec.model import ModelSpec
 >>> from meshplan.spec.training import TrainingSpec
 >>> m = ModelSpec(layers=1, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100)
@@ -103,6 +112,9 @@ SDPA call's own dQ, dK, dV are the step's working set already.
 CpBuffers(forward=8192, backward=8192, what='cp all-gathered K and V')
 >>> cp_buffers(m, t.model_copy(update={"cp_attention": "ring"}), cp=2, tp=1, kv_expanded=False, checkpointed=False)
 CpBuffers(forward=32768, backward=90112, what='cp ring: gathered K and V, fp32 merged output')
+>>> cp_buffers(m, t.model_copy(update={"cp_attention": "ring", "cp_rotate": "alltoall"}), cp=2, tp=1, kv_expanded=False,
+...            checkpointed=False)
+CpBuffers(forward=24576, backward=81920, what='cp ring (all-to-all rotation): K and V in flight, fp32 merged output')
 >>> meg = t.model_copy(update={"framework": "megatron", "recompute": "none"})
 >>> cp_buffers(m, meg, cp=2, tp=1, kv_expanded=False, checkpointed=False)
 CpBuffers(forward=18432, backward=36864, what='cp all-gathered K and V (Transformer Engine)')
@@ -180,6 +192,11 @@ def _torch_ring(z: _Sizes, training: TrainingSpec, kv_expanded: bool, checkpoint
     local = ring // z.cp
     rows = z.b * z.L * z.q  # local query rows x heads
     shift = 4 * (ring // z.a // z.cp)  # one fp32 dK/dV buffer (the cp send/recv row's size)
+    if training.cp_rotate == "alltoall":  # no gathered R: the K/V in flight (module docstring)
+        moving = (3 if z.cp > 2 else 2) * local
+        return CpBuffers(forward=moving + 4 * rows * z.model.d_v,
+                         backward=local + (2 * local if z.cp > 2 else 0) + 4 * rows * z.model.d_head + 4 * shift,
+                         what="cp ring (all-to-all rotation): K and V in flight, fp32 merged output")
     return CpBuffers(forward=ring + local + 4 * rows * z.model.d_v,
                      backward=ring + (local if z.cp > 2 else 0) + 4 * rows * z.model.d_head + 4 * shift,
                      what="cp ring: gathered K and V, fp32 merged output")

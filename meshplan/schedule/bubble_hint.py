@@ -31,7 +31,7 @@ arXiv 2401.10241: split backward):
 Where the layers, the schedule's micro-batch rule or memory refuse a knob, its re-plan does not
 resolve or fit, and it is not listed. Each knob is stepped before its memory is planned
 (:class:`~meshplan.schedule.verdict.Rebuilt`): only the clearly faster ones have their memory
-timelines planned, fastest first, until :data:`MAX_SHOWN` fit (:func:`_fastest`; the line is the
+timelines planned, fastest first, until :data:`MAX_SHOWN` fit (:func:`fastest`; the line is the
 one of re-planning every knob whole).
 """
 
@@ -79,7 +79,7 @@ def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]
     if alternatives is None or share < HINT_SHARE:
         return []
     knobs = bubble_knobs(plan)
-    found = _fastest(st, knobs, alternatives)
+    found = fastest(st, knobs, alternatives)
     p, idle = st.pipeline.spec, st.parts_s()["bubble"]
     head = (f"the pipeline bubble on stage {st.critical_stage} is {share:.1%} of the step ({idle:.2f} s of "
             f"{step_seconds(st.step_s)}; {p.schedule}, pp {p.p}, {counted(plan.micro_batches, 'micro-batch')} per step)")
@@ -103,17 +103,24 @@ def no_hint_note(plan: Plan, st, head: str, knobs: list[Knob], alternatives: Cal
         return (f"note: no bubble hint: {head}, but no knob applies (virtual stages 2 and 4 under 1F1B, GPipe "
                 f"or interleaved 1F1B, half a micro-batch above 1, the zero-bubble schedules under framework "
                 f"torch, pp / 2 at an even pp)")
+    return (f"note: no bubble hint: {head}, but none re-planned fits with a step more than {TIE:.0%} shorter: "
+            + knob_outcomes(plan, st, knobs, alternatives))
+
+
+def knob_outcomes(plan: Plan, st, knobs: list[Knob], alternatives: Callable[..., Replanned]) -> str:
+    """Each knob tried and why it was dropped (:func:`_outcome`), ``; `` between them, and the
+    usable memory where one does not fit: the tail of a ``note: no ... hint`` line (this module's,
+    :mod:`meshplan.schedule.cp_hint`'s)."""
     outcomes = [f"{words}: {_outcome(st, update, mesh, alternatives)}" for words, update, mesh in knobs]
     usable = usable_bytes(plan.config.cluster, plan.config.training) / GiB
     room = f" ({usable:.1f} GiB usable per GPU)" if any(o.endswith("does not fit") for o in outcomes) else ""
-    return (f"note: no bubble hint: {head}, but none re-planned fits with a step more than {TIE:.0%} shorter: "
-            f"{'; '.join(outcomes)}{room}")
+    return "; ".join(outcomes) + room
 
 
 def _outcome(st, update: dict, mesh: Optional[MeshSpec], alternatives: Callable[..., Replanned]) -> str:
     """Why one knob is not in the hint (:func:`~meshplan.schedule.verdict.knob_outcome`): with
     :class:`~meshplan.schedule.verdict.Rebuilt`, its step where it is not clearly shorter (its
-    memory not planned, as :func:`_fastest` leaves it), else its fitted outcome (cached there)."""
+    memory not planned, as :func:`fastest` leaves it), else its fitted outcome (cached there)."""
     stepped = getattr(alternatives, "stepped", None)
     if stepped is not None:
         first = stepped(update, mesh)
@@ -124,7 +131,7 @@ def _outcome(st, update: dict, mesh: Optional[MeshSpec], alternatives: Callable[
     return knob_outcome(st.step_s, alternatives(update, mesh))
 
 
-def _fastest(st, knobs: list[Knob], alternatives: Callable[..., Replanned]) -> list[tuple[float, str, Replanned]]:
+def fastest(st, knobs: list[Knob], alternatives: Callable[..., Replanned]) -> list[tuple[float, str, Replanned]]:
     """(step, words, re-plan) of the :data:`MAX_SHOWN` fastest ``knobs`` that fit with a step
     clearly shorter than ``st``'s (:func:`~meshplan.schedule.verdict.clearly_faster`), fastest
     first; steps within a microsecond (ZB-V, DualPipeV) in knob order. With

@@ -25,7 +25,7 @@ from meshplan.compute.batch_input import CORE_CADENCES, GET_BATCH_CADENCES
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
 from meshplan.schedule.row_shares import nccl_sm_share, nic_share  # noqa: F401 (nccl_sm_share: re-exported)
 from meshplan.spec.axes.base import Slot
-from meshplan.spec.axes.cp import P2P_PACKED
+from meshplan.spec.axes.cp import A2A_KV, P2P_PACKED
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE
 from meshplan.spec.axes.registry import Axis
 
@@ -50,6 +50,9 @@ _SCALE_GROUPS = {FLOAT8_TOKEN_SCALES_CADENCE: FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT
 #: Group of the cp send/recv rows of Transformer Engine's p2p backward steps that carry K, V, dK and dV in
 #: one buffer (:data:`meshplan.spec.axes.cp.P2P_PACKED`: twice the size of its K/V-only sends).
 CP_PACKED = "kv+dkv"
+#: Group of the cp send/recv rows of torch's ring K/V shifts under ``cp_rotate = "alltoall"``
+#: (:data:`meshplan.spec.axes.cp.A2A_KV`), apart from its fp32 dK/dV shifts.
+CP_KV_SHIFT = "kv shift"
 
 
 #: Group of the tp rows of Megatron-LM's QKV sub-sharding at tp > kv_heads (the fused QKV output's
@@ -74,6 +77,8 @@ def _row_group(kind: str, row) -> str:
         return next(g for g, text in MLA_UP_CADENCES.items() if text == row.cadence)
     if kind == "cp" and P2P_PACKED in row.cadence:
         return CP_PACKED
+    if kind == "cp" and A2A_KV in row.cadence:
+        return CP_KV_SHIFT
     if kind == "tp" and row.op == "broadcast":  # Megatron-LM's get_batch: each broadcast its own group
         return next(g for g, text in {**GET_BATCH_CADENCES, **CORE_CADENCES}.items() if text == row.cadence)
     if kind in ("shard", "replica"):

@@ -3,7 +3,8 @@
 (``"p2p"``, Megatron-LM's default, :func:`meshplan.spec.axes.cp.p2p_rows`): the attention block's
 core as the ring's ``cp`` steps, torch's each ``1/cp`` of its attention calls (and its ring kernels,
 :data:`RING_OPS`), TE's each its own call and correction kernels (:mod:`meshplan.compute.te_ring`),
-torch's K/V all-gather beside the first and its fp32 dK/dV shifts beside the
+torch's K/V all-gather beside the first (or, under ``training.cp_rotate = "alltoall"``, a K/V shift
+beside each step: :func:`a2a_forward`, :func:`a2a_backward`) and its fp32 dK/dV shifts beside the
 next, TE's sends each beside its own step (:func:`ring_forward`, :func:`ring_backward`), called by
 :mod:`meshplan.schedule.layer_timeline`.
 
@@ -20,7 +21,7 @@ from typing import Optional
 from meshplan.compute.ops import Cost
 from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE
 from meshplan.compute.te_ring import CORRECTION, GRAD_CORRECTION
-from meshplan.schedule.comm_times import CP_PACKED
+from meshplan.schedule.comm_times import CP_KV_SHIFT, CP_PACKED
 from meshplan.schedule.unit_sim import StreamSim
 
 #: The ops of the cp rings that run as their ``cp`` steps (:mod:`meshplan.compute.ring_attention`):
@@ -54,6 +55,27 @@ def p2p_cp(s: StreamSim) -> bool:
     return s.c.get("cp", "forward", "send/recv") > 0
 
 
+def a2a_cp(s: StreamSim) -> bool:
+    """Whether the stage's table has torch's ring K/V shifts (``training.cp_rotate = "alltoall"``,
+    :func:`meshplan.spec.axes.cp.alltoall_kv_rows`): the ring rotates K/V by send/recv, no all-gather."""
+    return s.c.get("cp", "forward", "send/recv", CP_KV_SHIFT) > 0
+
+
+def a2a_forward(s: StreamSim, name: str, phase: str, core: float, sdpa: float) -> None:
+    """torch's ring forward (or a checkpointed layer's replay, ``phase`` "backward") under
+    ``rotate_method`` ALL_TO_ALL (:func:`meshplan.spec.axes.cp.alltoall_kv_rows`): at each of the
+    ``cp`` steps the wait for the K/V sent at the step before, then the step's own send of them
+    (all but the last step), then its SDPA call (``sdpa / cp``) beside that send; the rest of the
+    core after the last call. Each send waits for the one before (the rank sends what it received)."""
+    cp, send = s.w.cp, None
+    for i in range(cp):
+        if send is not None:
+            s.compute("K/V wait", 0.0, [send])
+        send = s.comm("cp", phase, "send/recv", "cp K/V shift", CP_KV_SHIFT, after=[s.last]) if i < cp - 1 else None
+        s.compute(name + RING_CALL, sdpa / cp)
+    s.compute(name + " core", core - sdpa)
+
+
 def ring_forward(s: StreamSim, name: str, phase: str, core: float, sdpa: float, steps: tuple = ()) -> None:
     """The forward (``phase`` "forward", or "backward": a checkpointed layer's replay) core of
     block ``name`` (``core`` seconds, ``sdpa`` of them the ring's steps), after the Q, K and V
@@ -63,6 +85,9 @@ def ring_forward(s: StreamSim, name: str, phase: str, core: float, sdpa: float, 
     if p2p_cp(s):
         p2p_steps(s, name + RING_CALL, phase, sdpa, p2p_sends(s.w.cp, "forward"), steps, two_streams=True)
         s.compute(name + " core", core - sdpa)
+        return
+    if a2a_cp(s):
+        a2a_forward(s, name, phase, core, sdpa)
         return
     ring = s.comm("cp", phase, "all-gather", "cp K/V all-gather", after=[s.last])
     s.compute(name + RING_CALL, sdpa / s.w.cp)
@@ -144,7 +169,10 @@ def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: flo
         return
     s.compute(name + " core B", rest, wait)
     if not s.w.torch_eager:
-        compiled_ring_backward(s, name, step)
+        compiled_ring_backward(s, name, step, a2a_cp(s))
+        return
+    if a2a_cp(s):
+        a2a_backward(s, name, step)
         return
     ring = s.comm("cp", "backward", "all-gather", "cp K/V all-gather", after=[s.last])
     s.compute(name + RING_CALL_B, step)
@@ -156,7 +184,29 @@ def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: flo
     s.compute("dK/dV wait", 0.0, [shift])
 
 
-def compiled_ring_backward(s: StreamSim, name: str, step: float) -> None:
+def a2a_backward(s: StreamSim, name: str, step: float) -> None:
+    """torch's eager ring backward under ``rotate_method`` ALL_TO_ALL (torch 2.13
+    ``_templated_ring_attention_backward``, lines 519-627 of
+    ``distributed/tensor/experimental/_context_parallel/_attention.py``): at step ``i`` the wait
+    for the K/V sent at step ``i - 1``, the K/V send of step ``i`` (all but the last), the SDPA
+    backward call (``step`` seconds, with its ring kernels), the wait for the dK/dV shift of step
+    ``i - 1``, then this step's fp32 dK/dV shift; the last waited for after the loop (exposed).
+    Both rotaters run on the cp process group, one stream: beside call ``i`` the dK/dV shift of
+    step ``i - 1`` then the K/V send of step ``i``, and call ``i + 1`` waits for both."""
+    kv = shift = None
+    cp = s.w.cp
+    for i in range(cp):
+        if kv is not None:
+            s.compute("K/V wait", 0.0, [kv])
+        kv = s.comm("cp", "backward", "send/recv", "cp K/V shift", CP_KV_SHIFT, after=[s.last]) if i < cp - 1 else None
+        s.compute(name + RING_CALL_B, step)
+        if shift is not None:
+            s.compute("dK/dV wait", 0.0, [shift])
+        shift = s.comm("cp", "backward", "send/recv", LAST_SHIFT if i == cp - 1 else "cp dK/dV shift", after=[s.last])
+    s.compute("dK/dV wait", 0.0, [shift])
+
+
+def compiled_ring_backward(s: StreamSim, name: str, step: float, alltoall: bool = False) -> None:
     """torch's ring backward under torch.compile (``s.w.torch_eager`` false: torchtitan compiles
     each TransformerBlock, ``fullgraph=True``, so AOTAutograd traces ``_templated_ring_attention_backward``
     through DTensor's dispatch into the block's backward graph): ``cp`` SDPA backward calls of
@@ -178,14 +228,26 @@ def compiled_ring_backward(s: StreamSim, name: str, step: float) -> None:
     followed directly by its ``wait_tensor``, no call between; with ``reorder_for_peak_memory``
     off, the order is the eager one (:func:`ring_backward`: the gather beside call 0, each shift
     beside the next call). The forward's gather stays beside the first call in both orders
-    (:func:`ring_forward`), as does a replayed forward's (not measured in the joint graph)."""
+    (:func:`ring_forward`), as does a replayed forward's (not measured in the joint graph).
+
+    ``alltoall`` (``training.cp_rotate``): no gather; each of the ``cp - 1`` K/V shifts
+    (``kv_rotater``'s ``permute_tensor``, an ``all_to_all_single`` too) waited for at once after
+    the call it precedes in eager order, by the same rule (the order inductor gives them was not
+    measured; every wait blocking, the order moves no exposure): ``(cp - 1) K + cp X`` exposed."""
     cp = s.w.cp
     s.compute(name + RING_CALL_B, step)
-    ring = s.comm("cp", "backward", "all-gather", BLOCKING_GATHER, after=[s.last])
-    s.compute("K/V wait", 0.0, [ring])
+    if alltoall:
+        kv = s.comm("cp", "backward", "send/recv", "cp K/V shift (waited at once)", CP_KV_SHIFT, after=[s.last])
+        s.compute("K/V wait", 0.0, [kv])
+    else:
+        ring = s.comm("cp", "backward", "all-gather", BLOCKING_GATHER, after=[s.last])
+        s.compute("K/V wait", 0.0, [ring])
     for k in range(cp):
         if k:
             s.compute(name + RING_CALL_B, step)
+        if alltoall and 0 < k < cp - 1:
+            kv = s.comm("cp", "backward", "send/recv", "cp K/V shift (waited at once)", CP_KV_SHIFT, after=[s.last])
+            s.compute("K/V wait", 0.0, [kv])
         shift = s.comm("cp", "backward", "send/recv", LAST_SHIFT if k == cp - 1 else BLOCKING_SHIFT, after=[s.last])
         s.compute("dK/dV wait", 0.0, [shift])
 

@@ -126,13 +126,18 @@ def _cp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarra
     # local tokens (0 under all-gather CP)
     # Transformer Engine's p2p ring (training.cp_p2p; spec.axes.cp.p2p_rows) gathers nothing: "cp_kv" is
     # one send of the local K/V at the KV heads, "cp_kv2" one of K, V, dK and dV (0 otherwise)
+    # torch's ring with cp_rotate "alltoall" (spec.axes.cp.alltoall_kv_rows) gathers nothing either:
+    # "cp_kvs" is one shift of the local K/V at the q heads (its forward's cp - 1 each beside a step;
+    # the backward's, queued with the dK/dV shifts, left out: a lower bound)
     ring, p2p = t.cp_ring, t.cp_p2p
+    a2a = ring and t.cp_rotate == "alltoall"
     at_q = kv_elements(m, c.mb, t.seq_len, heads[:, 0])
     at_kv = kv_elements(m, c.mb, t.seq_len, heads[:, 1])
     kv = (at_q if ring else at_kv) * cd
     shift = ring_shift_bytes(at_q, c.cp)
     local = at_kv // c.cp * cd
-    return {"cp_ag": np.zeros(len(c)) if p2p else coll_times(tt, "all-gather", c.cp, kv, c.tp),
+    return {"cp_ag": np.zeros(len(c)) if p2p or a2a else coll_times(tt, "all-gather", c.cp, kv, c.tp),
+            "cp_kvs": coll_times(tt, "send/recv", c.cp, at_q // c.cp * cd, c.tp) if a2a else np.zeros(len(c)),
             "cp_rs": np.zeros(len(c)) if ring or p2p else coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
             "cp_x": coll_times(tt, "send/recv", c.cp, shift, c.tp) if ring else np.zeros(len(c)),
             "cp_n": (c.cp - 1) * ring,  # the shifts that run beside a later step (the last: exposed)

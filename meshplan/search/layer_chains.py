@@ -41,7 +41,8 @@ class _Terms(NamedTuple):
     ``qkv_ag`` / ``qkv_rs`` Megatron's QKV sub-sharding collectives; ``cp_ag`` / ``cp_rs`` the K/V
     all-gather and dK/dV reduce-scatter; ``x`` the ring attention's dK/dV shift (``ring`` where >
     0; ``cp_n`` shifts); ``kv`` / ``kv2`` Transformer Engine's p2p ring sends, ``n`` = cp - 1 of
-    them; ``te_ag`` 1 under Megatron-LM's all-gather CP."""
+    them; ``te_ag`` 1 under Megatron-LM's all-gather CP; ``kvs`` torch's ring K/V shift under
+    ``cp_rotate = "alltoall"``, ``n`` of them in forward each beside one step (ring_timeline.a2a_forward)."""
 
     pre: np.ndarray
     post: np.ndarray
@@ -62,6 +63,7 @@ class _Terms(NamedTuple):
     kv2: np.ndarray | float
     n: np.ndarray
     te_ag: np.ndarray | float
+    kvs: np.ndarray | float = 0.0
 
 
 def _terms(c: Candidates, cm: dict, moe: bool) -> _Terms:
@@ -85,7 +87,7 @@ def _terms(c: Candidates, cm: dict, moe: bool) -> _Terms:
     kv, kv2, n = cm.get("cp_kv", 0.0), cm.get("cp_kv2", 0.0), np.maximum(c.cp - 1, 0)
     te_ag = cm.get("cp_te_ag", 0.0)  # Megatron-LM's all-gather CP: no Q projection apart, TE's gathers exposed
     return _Terms(pre, post, pre_mlp, post_mlp_tp, e, e_out, amax_f, amax_b, qkv_ag, qkv_rs, cm["cp_ag"],
-                  cm["cp_rs"], cm.get("cp_n", 0), x, np.asarray(x) > 0, kv, kv2, n, te_ag)
+                  cm["cp_rs"], cm.get("cp_n", 0), x, np.asarray(x) > 0, kv, kv2, n, te_ag, cm.get("cp_kvs", 0.0))
 
 
 def _p2p(send, step, k):
@@ -134,7 +136,7 @@ def _forward_chain(c: Candidates, o: dict, k: _Terms, shared_beside: bool, p: st
     all-gather starts after the K/V projection and the core attention waits for it; only the Q
     projection runs beside it (the ring: only its first SDPA step; TE's: nothing)."""
     attn = (o[f"{p}_attn"] + np.maximum(k.cp_ag - np.where(k.ring, o[f"{p}_cps"], o[f"{p}_cpq"] * (1 - k.te_ag)), 0.0)
-            + _p2p(k.kv, o[f"{p}_cps"], k.n))
+            + _p2p(k.kv + k.kvs, o[f"{p}_cps"], k.n))
     mlp_out = np.maximum(o[f"{p}_mlp"], ep_out) if shared_beside else o[f"{p}_mlp"] + ep_out
     blocking = (o[f"{p}_attn_pre"] + k.pre + attn + post_attn + o[f"{p}_attn_post"]
                 + o[f"{p}_mlp_pre"] + k.pre_mlp + ep_in + mlp_out + post_mlp + o[f"{p}_mlp_post"])

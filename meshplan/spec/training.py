@@ -345,6 +345,11 @@ class TrainingSpec(TrainingChecks):
     ``flash_attention`` (torch's ring runs the fused SDPA kernels only: ``ring`` is refused without
     it; ``allgather`` then), ``p2p``
     under ``megatron`` (:attr:`cp_kind`; ``ring`` is refused under megatron, ``p2p`` under torch).
+    ``cp_rotate`` (torch's ring only): how the ring moves K and V, torch's ``set_rotate_method``
+    (torchtitan's ``parallelism.context_parallel_rotate_method``): ``allgather`` (default), one
+    all-gather of the whole sequence's K/V before the first SDPA call, or ``alltoall``, ``cp - 1``
+    shifts of the local K/V to the next cp rank, each beside one SDPA call
+    (:func:`meshplan.spec.axes.cp.ring_rows`).
     ``moe_dispatcher``: how the routed tokens travel over ep: ``alltoall`` (default; Megatron-LM's
     ``--moe-token-dispatcher-type alltoall``, torchtitan's all-to-all: one copy per routed expert)
     or ``deepep`` (Megatron-LM's ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend

@@ -298,6 +298,10 @@ class TrainingChecks(TrainingPrecision):
         if self.cp_attention == "ring" and not self.flash_attention:
             raise ValueError("cp_attention \"ring\" runs torch's fused SDPA kernels only (flash, efficient, cuDNN); "
                              "flash_attention false: remove one of the two keys")
+        if self.cp_rotate != "allgather" and not (self.framework == "torch" and self.cp_kind == "ring"):
+            raise ValueError(f"cp_rotate {self.cp_rotate!r} is torch's ring attention's K/V rotation (framework \"torch\", "
+                             f"cp_attention \"ring\"); here framework {self.framework!r}, cp_attention {self.cp_kind!r}: "
+                             "remove the key")
         if self.cp_attention == "p2p" and self.framework != "megatron":
             raise ValueError("cp_attention \"p2p\" is Transformer Engine's p2p ring as Megatron-LM runs it (framework "
                              f"\"megatron\"); framework {self.framework!r} runs its own CP: remove the key or use "

@@ -26,7 +26,8 @@ from meshplan.spec.training_fields import DEEPSPEED_ZERO3, FUSED_QKV_REVISIONS
 # follows the framework and engine, ``TrainingSpec._runtime_param_dtype``: torchtitan's fp32,
 # Megatron-LM's bf16 with fp32 main copies), so a knob with them. ``cp_attention`` is how the
 # runtime runs CP's attention (Megatron-LM's ``--cp-comm-type``), not what it computes: a knob
-# (newcomer trial 31 was refused p2p against all_gather). DeepSpeed ZeRO++'s three keys are how
+# (newcomer trial 31 was refused p2p against all_gather), and ``cp_rotate`` how torch's ring moves
+# K/V (torchtitan's context_parallel_rotate_method; newcomer trial 53). DeepSpeed ZeRO++'s three keys are how
 # DeepSpeed's ZeRO-3 moves the same gathers and reductions (meshplan.comm.zeropp): knobs.
 # ``recompute_modules`` refines ``recompute = "selective"`` as the float8 knobs refine linear_dtype
 # (what Megatron-LM recomputes, not what the step computes), ``pp_engine`` is who runs the pipeline
@@ -38,7 +39,7 @@ PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_
               "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "pp_ep_overlap", "vocab_pad_divisor",
-              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "fp8_param_gather", "cp_attention",
+              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "fp8_param_gather", "cp_attention", "cp_rotate",
               "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
               "megatron_runtime", "dataloader_attention_mask", "recompute_modules", "pp_engine", "op_sac_policy")
 
@@ -109,6 +110,8 @@ class TrainingKnobs(TrainingEngines):
             return True, self.linear_dtype or self.compute_dtype
         if knob == "cp_attention":  # how CP runs attention, as it acts (unset: the framework's own)
             return True, self.cp_kind
+        if knob == "cp_rotate":  # how torch's ring moves K/V: acts on its ring only
+            return self.cp_kind == "ring" and self.framework == "torch", value
         if knob in _FP8_REFINEMENTS:
             return self.linear_dtype == "fp8", value
         deepspeed3 = self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3

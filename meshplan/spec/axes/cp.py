@@ -1,6 +1,7 @@
 """Context parallelism (``cp``): each sequence split over cp ranks as 2 load-balanced chunks;
-K and V exchanged over cp in every attention layer, by torch's ring attention, Transformer
-Engine's p2p ring (Megatron-LM's) or Llama 3's all-gather CP (``training.cp_attention``,
+K and V exchanged over cp in every attention layer, by torch's ring attention (its K/V
+all-gathered or, ``training.cp_rotate = "alltoall"``, shifted rank to rank: :func:`ring_rows`),
+Transformer Engine's p2p ring (Megatron-LM's) or Llama 3's all-gather CP (``training.cp_attention``,
 :func:`cp_rows`).
 
 >>> from types import SimpleNamespace as N
@@ -187,11 +188,28 @@ def ring_rows(add, c) -> None:
       send/recv of ``4 S / cp`` bytes, the local ``b x s/cp`` tokens' dK and dV in fp32,
       ``accum_dtype``), one at the end of every step ``i`` of ``range(cp)``, each waited for at the
       next step after its SDPA backward call, the last after the loop, before the gradients
-      return: exposed."""
+      return: exposed.
+
+    Under ``training.cp_rotate = "alltoall"`` (``rotate_method`` ALL_TO_ALL) no all-gather runs:
+    the K/V move as ``cp - 1`` shifts of the local ``S / cp`` a pass (:func:`alltoall_kv_rows`)."""
     t, nl, cp = c.training, len(c.layers), c.mesh.degree("cp")
     q_l, _, _ = local_heads(c.model, c.mesh.degree("tp"))
     elems = kv_elements(c.model, t.micro_batch, t.seq_len, q_l)
     kv, replayed = elems * dtype_bytes(t.compute_dtype), _replayed(c)
+    if t.cp_rotate == "alltoall":
+        alltoall_kv_rows(add, c, kv // cp, replayed)
+    else:
+        _allgather_kv_rows(add, c, kv, replayed)
+    shift = ring_shift_bytes(elems, cp)
+    add("cp", "backward", "send/recv", shift, "fp32", nl * (cp - 1),
+        f"every layer, {cp - 1} of its {cp} ring shifts, fp32 (dK and dV)", "the next SDPA backward call (beside it)")
+    add("cp", "backward", "send/recv", shift, "fp32", nl, "every layer, its last ring shift, fp32 (dK and dV)",
+        "the attention backward's end (exposed)")
+
+
+def _allgather_kv_rows(add, c, kv: int, replayed: int) -> None:
+    """torch's ring K/V rows under ``rotate_method`` ALL_GATHER (:func:`ring_rows`): ``kv`` bytes gathered."""
+    t, nl = c.training, len(c.layers)
     add("cp", "forward", "all-gather", kv, t.compute_dtype, nl, "every layer, torch ring attention (K and V)",
         "the second SDPA call (beside the first)")
     add("cp", "backward", "all-gather", kv, t.compute_dtype, nl, "every layer, ring backward's own gather (K and V)",
@@ -199,11 +217,41 @@ def ring_rows(add, c) -> None:
     if replayed:
         add("cp", "backward", "all-gather", kv, t.compute_dtype, replayed, _replay_cadence(replayed, nl),
             "the replayed second SDPA call")
-    shift = ring_shift_bytes(elems, cp)
-    add("cp", "backward", "send/recv", shift, "fp32", nl * (cp - 1),
-        f"every layer, {cp - 1} of its {cp} ring shifts, fp32 (dK and dV)", "the next SDPA backward call (beside it)")
-    add("cp", "backward", "send/recv", shift, "fp32", nl, "every layer, its last ring shift, fp32 (dK and dV)",
-        "the attention backward's end (exposed)")
+
+
+#: Cadence mark of torch's ring K/V shifts under ``rotate_method`` ALL_TO_ALL (:func:`alltoall_kv_rows`),
+#: kept apart from the fp32 dK/dV shifts by the rank timeline (a row group of their own).
+A2A_KV = "all-to-all rotation (K and V)"
+
+
+def alltoall_kv_rows(add, c, local: int, replayed: int) -> None:
+    """torch's ring K/V rows under ``training.cp_rotate = "alltoall"`` (torchtitan's
+    ``parallelism.context_parallel_rotate_method = "alltoall"``, pytorch/torchtitan v0.2.2
+    73a0e69 ``config/job_config.py``:446, passed to ``set_rotate_method`` in
+    ``distributed/utils.py``:205-216), read in torch 2.13 (cf30153)
+    ``distributed/tensor/experimental/_context_parallel/_attention.py``: ``_AllToAllRotater``
+    (lines 253-270: ``permute_tensor`` of the buffer to ``dsts = [1, ..., cp - 1, 0]``, rank + 1,
+    an ``all_to_all_single`` in which each rank sends its whole buffer to one peer, a send/recv),
+    created for the K/V by ``_create_rotater`` (lines 303-314) in both passes; ``local`` bytes each:
+    the rank's own ``s / cp`` tokens' K and V at the same heads as the all-gather's (:func:`ring_rows`),
+    in the compute dtype. Per layer and micro-batch:
+
+    - forward (``_templated_ring_attention``, lines 427-441): at step ``i < cp - 1`` the current
+      K/V concatenated and sent before the step's SDPA call, waited for (``next_buffer``) at step
+      ``i + 1`` before that step's call: ``cp - 1`` shifts, each beside one call;
+    - backward (``_templated_ring_attention_backward``, lines 519-534): ``kv_rotater`` the same,
+      ``cp - 1`` shifts each beside one SDPA backward call, on the cp stream with the fp32 dK/dV
+      shifts (``dkv_rotater``, ALL_TO_ALL whatever the method: :func:`ring_rows`' last rows);
+    - a checkpointed layer's replayed forward: ``cp - 1`` more."""
+    t, nl, cp, d = c.training, len(c.layers), c.mesh.degree("cp"), c.training.compute_dtype
+    add("cp", "forward", "send/recv", local, d, nl * (cp - 1), f"every layer, {cp - 1} of its {cp} ring steps, "
+        + A2A_KV, "the next SDPA call (beside the step's own)")
+    add("cp", "backward", "send/recv", local, d, nl * (cp - 1), f"every layer, {cp - 1} of its {cp} ring backward "
+        "steps, " + A2A_KV, "the next SDPA backward call (beside the step's own)")
+    if replayed:
+        which = "every layer" if replayed == nl else "every checkpointed layer"
+        add("cp", "backward", "send/recv", local, d, replayed * (cp - 1), f"{which}, recomputed, {cp - 1} ring steps, "
+            + A2A_KV, "the replayed next SDPA call")
 
 
 #: Cadence mark of Transformer Engine's p2p backward steps that send K, V, dK and dV in one buffer
@@ -283,9 +331,10 @@ CP = AxisDef(
                 _flex_bad, _flex)),
     divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
-    collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence (p2p ring: none)"),
+    collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence (p2p ring and the "
+                                "all-to-all rotation: none)"),
                  CollectiveKind("send/recv", "cp", "forward", "K and V to the next rank, cp - 1 times (Transformer "
-                                "Engine's p2p ring)"),
+                                "Engine's p2p ring; torch's ring with cp_rotate \"alltoall\")"),
                  CollectiveKind("all-gather", "cp", "backward", "K and V again where the layer is recomputed (ring: "
                                 "and in every backward)"),
                  CollectiveKind("reduce-scatter", "cp", "backward", "dK and dV (all-gather CP)"),

@@ -1,0 +1,91 @@
+"""Newcomer trial 53 (long-context torchtitan, Llama 3.1 70B at 128k on 16 dgx-h200): #5, a step
+whose exposed time is mostly CP gets a ``hint:`` line of CP moves, each re-planned
+(:mod:`meshplan.schedule.cp_hint`); #7, a seq_len that cp's load-balanced split does not cut into
+2 x cp chunks gets a ``fix:`` line (:func:`meshplan.plan_fix_rules.seq_fix`). Expected values come
+from the model itself (each move's config written here by hand, planned and stepped) and from the
+divisibility by hand."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from meshplan.config import config_from_dict
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
+from meshplan.plan import build_plan
+from meshplan.plan_fix_rules import seq_fix
+from meshplan.schedule.cp_hint import cp_hint, cp_knobs
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.verdict import rebuilt_step
+from meshplan.units import step_seconds
+from tests.cli_run import run_captured
+
+DATA = Path(__file__).parent / "data" / "nc53b"
+H200 = ImportOptions(cluster="dgx-h200", nodes=16)
+GQA = dict(layers=2, hidden=64, ffn=256, gated_mlp=False, q_heads=4, kv_heads=2, vocab=256)
+
+
+def test_seq_fix_on_the_trials_file():
+    """tests/data/nc53b/bad_seq.toml: seq_len 131,080 at cp 16 x tp 8 with sequence parallelism.
+    The rules need seq_len % (2 x 16) == 0 and (seq_len / 16) % 8 == 0: a multiple of 128. Below:
+    131,080 // 128 x 128 = 131,072; above 131,200. No cp of 16's divisors takes 131,080: with tp 8
+    it needs 8 x cp | 131,080 = 8 x 16,385, 16,385 odd, so cp 1 only (not offered: cp > 1 moves)."""
+    out = run_captured("plan", str(DATA / "bad_seq.toml"), "--cluster", "dgx-h200", "--nodes", "16")
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        "fix: seq_len 131080 must split into 2 x cp = 32 chunks (load-balanced causal CP): "
+        "training.seq_len 131072 or 131200")
+
+
+def test_seq_fix_offers_the_cp_that_splits_it():
+    """GQA toy on 8 GPUs, dp_shard 2 x cp 4, no tp, seq_len 36: 2 x cp = 8 does not divide 36
+    (36 = 4 x 8 + 4): 32 or 40; cp 2 (2 x 2 = 4 divides 36), dp_shard taking the freed 2: shape [4, 2]."""
+    cfg = config_from_dict({"model": GQA, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 36, "micro_batch": 1},
+                            "mesh": {"names": ["dp_shard", "cp"], "shape": [2, 4]}})
+    assert seq_fix(build_plan(cfg)) == ("fix: seq_len 36 must split into 2 x cp = 8 chunks (load-balanced causal CP): "
+                                        "training.seq_len 32 or 40; or cp 2 (mesh.shape [4, 2])")
+    fits = config_from_dict({"model": GQA, "cluster": {"system": "dgx-h100", "nodes": 1},
+                             "training": {"global_batch": 8, "seq_len": 32, "micro_batch": 1},
+                             "mesh": {"names": ["dp_shard", "cp"], "shape": [2, 4]}})
+    assert seq_fix(build_plan(fits)) is None
+
+
+def test_cp_hint_lists_the_moves_each_replanned():
+    """The trial's job (tests/data/nc53b/tt_70b_128k.toml, cp 16 x tp 8, all-gather rotation): exposed
+    cp 352.68 s of a 510.08 s step, 69.1%, the largest stream. The moves (cp_knobs): tp is at the
+    node's 8 GPUs, so each smaller cp gives its factor to dp_shard (cp 8, 4, 2, 1: dp_shard 2, 4, 8,
+    16), then the other rotation. Each mesh written here by hand, planned and stepped: the line
+    lists the three fastest, cp 1 (dp_shard 16 x tp 8) first, each with its step and exposed cp."""
+    cfg = load_any(DATA / "tt_70b_128k.toml", opts=H200)
+    plan = build_plan(cfg)
+    st = step_time(plan)
+    assert round(st.exposed_s["cp"], 2) == 352.68 and round(st.step_s, 2) == 510.08
+    assert [w for w, _, _ in cp_knobs(plan)] == [
+        "mesh dp_shard 2 x cp 8 x tp 8", "mesh dp_shard 4 x cp 4 x tp 8", "mesh dp_shard 8 x cp 2 x tp 8",
+        "mesh dp_shard 16 x tp 8", "training.cp_rotate = \"alltoall\""]
+    (line,) = cp_hint(plan, st, rebuilt_step(plan, step_time))
+    assert line.startswith("hint: exposed cp is 69.1% of the step (352.68 s of 510.08 s; cp 16, ring with the "
+                           "allgather rotation): shorter with mesh dp_shard 16 x tp 8 (step ")
+    by_hand = {}
+    for dp, cp in ((16, 1), (8, 2), (4, 4)):
+        alt = step_time(build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [dp, cp, 8]}))))
+        by_hand[cp] = alt
+        words = ("mesh dp_shard 16 x tp 8" if cp == 1 else f"mesh dp_shard {dp} x cp {cp} x tp 8")
+        assert (f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, exposed cp "
+                f"{alt.exposed_s.get('cp', 0.0):.2f} s, peak") in line
+    assert by_hand[1].step_s < by_hand[2].step_s < by_hand[4].step_s < st.step_s / 2
+    assert line.index("dp_shard 16 x tp 8") < line.index("cp 2 x") < line.index("cp 4 x")
+
+
+def test_no_cp_hint_where_cp_exposes_little():
+    """Llama-3-8B at seq 8192 on one dgx-h100, dp_shard 4 x cp 2 (NVLink): cp's exposure is far under
+    15% of the step (or not the largest stream): no line, nothing re-planned."""
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 8192, "micro_batch": 1},
+                            "mesh": {"names": ["dp_shard", "cp"], "shape": [4, 2]}})
+    plan = build_plan(cfg)
+    st = step_time(plan)
+    assert st.exposed_s.get("cp", 0.0) < 0.15 * st.step_s
+    assert cp_hint(plan, st, rebuilt_step(plan, step_time)) == []
