@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meshplan.compare.engine_grads import GRAD_DTYPE, engine_grad_dtype
 from meshplan.config import Config
 from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.spec.memory import MEMORY_KNOBS
@@ -40,7 +41,9 @@ class Differences:
     but its free-text name and sources, the [training] fields outside
     :data:`~meshplan.spec.training_knobs.PLAN_KNOBS`, the [memory] assumptions outside
     :data:`~meshplan.spec.memory.MEMORY_KNOBS`); ``knobs``: the same for the plan's design
-    choices (those knobs and the [mesh] fields besides the layout), values as in the specs.
+    choices (those knobs and the [mesh] fields besides the layout), values as in the specs;
+    ``training.grad_dtype`` is one of them where each side's is its engine's own and the engines
+    differ (:func:`~meshplan.compare.engine_grads.engine_grad_dtype`).
 
     >>> from meshplan.config import config_from_dict
     >>> base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -86,6 +89,9 @@ def config_differences(a: Config, b: Config) -> Differences:
     # prefetch sizes unset: 5e7, 1e9) and only where it applies to both sides (MemoryOptions.knob_acts)
     macts = [(k, a.memory.knob_acts(k, a.training), b.memory.knob_acts(k, b.training)) for k in MEMORY_KNOBS]
     knobs += [(f"memory.{k}", x[1], y[1]) for k, x, y in macts if x[0] and y[0] and x[1] != y[1]]
+    if engine_grad_dtype(a.training, b.training):  # each side's engine's own gradients: part of the engine choice
+        knobs += [k for k in work if k[0] == GRAD_DTYPE]
+        work = [k for k in work if k[0] != GRAD_DTYPE]
     la, lb = _mesh(a), _mesh(b)
     knobs = [k for k in knobs if k[0] not in AXIS_KNOBS or _axis_acts(la, k[0]) and _axis_acts(lb, k[0])]
     return Differences(tuple(work), tuple(knobs))

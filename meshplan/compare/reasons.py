@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.compare.differences import knob
+from meshplan.compare.engine_grads import GRAD_DTYPE, engine_grad_dtype
 from meshplan.compare.kernels import choice_lines, choice_seconds
 from meshplan.compare.sides import Side
 from meshplan.compute.measured import host_pace_label
@@ -52,6 +53,8 @@ def evidence_lines(a: Side, b: Side, knobs: tuple = (), memory_first: bool = Fal
         out.append(f"the meshes differ ({a.name} {a.mesh_text}, {b.name} {b.mesh_text}) and so do "
                    f"{knob_text(knobs, True)} ({a.name} against {b.name}): the difference is theirs together, "
                    f"not the mesh's alone")
+    if any(k[0] == GRAD_DTYPE for k in knobs):
+        out.append(engine_grad_dtype(a.plan.config.training, b.plan.config.training) or "")
     memory = []
     if a.peak_bytes and b.peak_bytes and a.usable_bytes:
         memory.append(f"peak memory: {a.name} {a.peak_bytes / GiB:.1f} GiB, {b.name} {b.peak_bytes / GiB:.1f} GiB "
