@@ -221,7 +221,11 @@ def _short(ranks) -> str:
 
 
 def _nic_lines(c, warn: list[str]) -> list[str]:
-    """The NIC decision; identity-map and cross-socket warnings go to ``warn``."""
+    """The NIC decision, with where the index map GPU k -> NIC k would pick a farther NIC than
+    the bindings do (:func:`~meshplan.placement.topology_node.check_identity_nic_map`: a note on
+    the decision, since the bindings written already bind each GPU to its switch's NIC; newcomer
+    trial nc52 was told to "bind GPU 1 to mlx5_0" as a warning on a node whose bindings did); the
+    cross-socket warning goes to ``warn``."""
     node = c.placement.cluster.node
     if not node.nics:
         if c.after.network_bytes > 0:
@@ -237,9 +241,10 @@ def _nic_lines(c, warn: list[str]) -> list[str]:
     if off_switch:
         line += f"; GPUs {off_switch} have none and use a NIC on their socket"
     ident = check_identity_nic_map(node)
-    if ident:
-        warn.append(f"GPU k is not under NIC k on {node.name} for {len(ident)} GPUs ({ident[0]}); the bindings use "
-                    f"NodeSpec.nic_of, not local_rank % {len(node.nics)} (topology_node.check_identity_nic_map)")
+    if ident:  # the bindings already pair each GPU with its switch's NIC: a note, not a warning (nc52)
+        line += (f"; GPU k is not under NIC k on {node.name} for {len(ident)} GPUs ({ident[0]}): the bindings "
+                 f"above do that (NodeSpec.nic_of); a script of its own that binds local_rank % {len(node.nics)} "
+                 "would not (topology_node.check_identity_nic_map)")
     if far:
         cost = c.after.socket_bytes
         warn.append(f"GPUs {far} have no NIC on their socket: their network traffic crosses the CPU link "
