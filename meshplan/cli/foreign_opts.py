@@ -1,13 +1,13 @@
 """The foreign-config options, in one place: ``--format --cluster --nodes --gpu --model --seq-len
---micro-batch --grad-accum``, what a torchtitan job TOML, Megatron-LM arguments or a DeepSpeed
+--micro-batch --grad-accum --dtype``, what a torchtitan job TOML, Megatron-LM arguments or a DeepSpeed
 JSON does not say. A command that reads foreign configs (plan, report, groups, memory, step,
 reliability, search, export; import without ``--format``, its FORMAT being an argument) takes
 one parameter ``foreign: Foreign`` and is decorated with :func:`foreign_options`, which puts the
-eight options at the end of its ``--help`` and hands them to it as one :class:`Foreign`.
+nine options at the end of its ``--help`` and hands them to it as one :class:`Foreign`.
 
 Example: ``meshplan plan ds.json --cluster dgx-h100 --nodes 2 --model llama3-8b --seq-len 4096``
 calls ``plan(config=Path("ds.json"), ..., foreign=Foreign(None, {"cluster": "dgx-h100", "nodes": 2,
-"gpu": None, "model": "llama3-8b", "seq_len": 4096, "micro_batch": None, "grad_accum": None}))``,
+"gpu": None, "model": "llama3-8b", "seq_len": 4096, "micro_batch": None, "grad_accum": None, "dtype": None}))``,
 and ``foreign.options()`` is the :class:`~meshplan.interop.common.ImportOptions` the loader
 takes. The parameter names of :data:`OPTIONS` but ``fmt`` are ImportOptions' fields.
 """
@@ -17,21 +17,29 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Callable, Optional
 
 import typer
 
+from meshplan.config_tables import read_cluster
+from meshplan.config_toml import parse_toml
+from meshplan.errors import ConfigError
 from meshplan.interop.common import FORMATS, ImportOptions
+from meshplan.spec.cluster import ClusterSpec
 
 FORMAT_HELP = ("format of CONFIG: " + ", ".join(FORMATS) + " (default: detected; a torchtitan job TOML, Megatron-LM "
                "arguments or a DeepSpeed JSON is read directly)")
-CLUSTER_HELP = "foreign configs: catalog node of the cluster (e.g. dgx-h100), which they do not say"
+CLUSTER_HELP = ("foreign configs: catalog node of the cluster (e.g. dgx-h100), which they do not say, or a TOML "
+                "file whose [cluster] table writes the node inline (its nodes unless --nodes is given)")
 NODES_HELP = "foreign configs: number of nodes (default: a launch script's --nnodes)"
 GPU_HELP = "foreign configs: catalog GPU replacing the node's"
 MODEL_HELP = "foreign configs: catalog model or HF config.json (DeepSpeed needs it; replaces the file's model)"
 SEQ_HELP = "foreign configs: tokens per sequence (DeepSpeed needs it)"
 MICRO_BATCH_HELP = ("a DeepSpeed JSON's \"auto\" train_micro_batch_size_per_gpu: the HF Trainer's "
                     "--per_device_train_batch_size")
+DTYPE_HELP = ("a DeepSpeed JSON's \"auto\" bf16.enabled / fp16.enabled: bf16 for the HF Trainer's --bf16, fp16 for "
+              "--fp16, fp32 for neither")
 GRAD_ACCUM_HELP = ("a DeepSpeed JSON's \"auto\" gradient_accumulation_steps: the HF Trainer's "
                    "--gradient_accumulation_steps")
 
@@ -45,6 +53,7 @@ OPTIONS = (
     ("seq_len", Annotated[Optional[int], typer.Option("--seq-len", help=SEQ_HELP)]),
     ("micro_batch", Annotated[Optional[int], typer.Option("--micro-batch", help=MICRO_BATCH_HELP)]),
     ("grad_accum", Annotated[Optional[int], typer.Option("--grad-accum", help=GRAD_ACCUM_HELP)]),
+    ("dtype", Annotated[Optional[str], typer.Option("--dtype", help=DTYPE_HELP)]),
 )
 
 
@@ -60,8 +69,25 @@ class Foreign:
 
     def options(self) -> ImportOptions:
         """What the loader takes (:func:`meshplan.interop.foreign.load_any`); a ConfigError
-        naming the option when a number is not a whole number >= 1."""
-        return ImportOptions(**self.given)
+        naming the option when a number is not a whole number >= 1. A ``--cluster`` ending in
+        ``.toml`` is a file whose ``[cluster]`` table is read as a config's (:func:`cluster_file`)."""
+        given = dict(self.given)
+        if isinstance(given.get("cluster"), str) and given["cluster"].endswith(".toml"):
+            given["cluster"] = cluster_file(Path(given["cluster"]), given.get("nodes"))
+        return ImportOptions(**given)
+
+
+def cluster_file(path: Path, nodes: Optional[int]) -> ClusterSpec:
+    """The ``[cluster]`` table of TOML file ``path`` (a node written inline, e.g. docs/cluster.md's
+    4-NIC A100 node; newcomer trial nc52 was told ``unknown node`` for such a file), read as a
+    config's (:func:`meshplan.config_tables.read_cluster`), ``nodes`` (``--nodes``) replacing its
+    own. A ConfigError naming ``--cluster`` when the file is missing or holds no [cluster]."""
+    if not path.is_file():
+        raise ConfigError("--cluster", f"{path}: no such file; give a catalog node or a TOML file with a [cluster] table")
+    t = parse_toml(path.read_text(), str(path), "--cluster").get("cluster")
+    if not isinstance(t, dict):
+        raise ConfigError("--cluster", f"{path} holds no [cluster] table; write the node there as a config's [cluster]")
+    return read_cluster(t | ({"nodes": nodes} if nodes is not None else {}))
 
 
 def foreign_options(*, with_format: bool = True) -> Callable[[Callable], Callable]:

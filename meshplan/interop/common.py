@@ -37,8 +37,10 @@ class ImportOptions:
     catalog model name or a Hugging Face ``config.json`` path (overrides the file's model);
     ``seq_len``: tokens per sequence (DeepSpeed configs do not hold it; for the others it
     replaces the file's, with a note); ``micro_batch``, ``grad_accum``: what the HF Trainer fills a
-    DeepSpeed JSON's batch ``"auto"`` with (:func:`meshplan.interop.deepspeed_auto.fill_batch`).
-    These numbers are checked here, their one home: a ConfigError naming the option when not a
+    DeepSpeed JSON's batch ``"auto"`` with (:func:`meshplan.interop.deepspeed_auto.fill_batch`);
+    ``dtype``: the HF Trainer's ``--bf16`` (``bf16``), ``--fp16`` (``fp16``) or neither (``fp32``),
+    what it fills ``bf16.enabled`` / ``fp16.enabled`` ``"auto"`` with
+    (:func:`meshplan.interop.deepspeed_auto.fill_dtype`). These numbers are checked here, their one home: a ConfigError naming the option when not a
     whole number >= 1."""
 
     cluster: Optional[str | ClusterSpec] = None
@@ -48,8 +50,12 @@ class ImportOptions:
     seq_len: Optional[int] = None
     micro_batch: Optional[int] = None
     grad_accum: Optional[int] = None
+    dtype: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.dtype not in (None, "bf16", "fp16", "fp32"):
+            raise ConfigError("--dtype", f"{self.dtype!r}: give bf16 (the HF Trainer's --bf16), fp16 (--fp16) or fp32 "
+                              "(neither)")
         for name, v in (("--nodes", self.nodes), ("--seq-len", self.seq_len), ("--micro-batch", self.micro_batch),
                         ("--grad-accum", self.grad_accum)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -169,7 +175,8 @@ def cluster_table(opts: ImportOptions, fmt: str, nodes: Optional[int] = None) ->
     n = opts.nodes if opts.nodes is not None else nodes
     if n is None:
         raise ConfigError("--nodes", f"a {fmt} config does not say how many nodes; give --nodes N")
-    gpus = _named("--cluster", catalog.node, opts.cluster).gpus  # ConfigError naming the known nodes
+    gpus = _named("--cluster", catalog.node, opts.cluster, "; or give a TOML file whose [cluster] writes the node "
+                  "inline (--cluster node.toml)").gpus  # ConfigError naming the known nodes
     if opts.gpu:
         _named("--gpu", catalog.gpu, opts.gpu)
     if n * gpus > MAX_WORLD:
@@ -179,13 +186,13 @@ def cluster_table(opts: ImportOptions, fmt: str, nodes: Optional[int] = None) ->
     return table, n * gpus
 
 
-def _named(option: str, read, name: str):
+def _named(option: str, read, name: str, hint: str = ""):
     """``read(name)`` (a catalog reader), its unknown-name error under the ``option`` the user
-    typed (``--cluster: unknown node 'dgx-h10'; did you mean 'dgx-h100'? known: ...``)."""
+    typed (``--cluster: unknown node 'dgx-h10'; did you mean 'dgx-h100'? known: ...``), ``hint`` after it."""
     try:
         return read(name)
     except ConfigError as e:
-        raise ConfigError(option, e.message) from None
+        raise ConfigError(option, e.message + hint) from None
 
 
 def model_option(value: str) -> dict:

@@ -62,7 +62,7 @@ from meshplan.interop.common import (
     misspelt,
     model_option,
 )
-from meshplan.interop.deepspeed_auto import fill_batch, fill_hidden, hidden_auto, hidden_of
+from meshplan.interop.deepspeed_auto import fill_batch, fill_dtype, fill_hidden, hidden_auto, hidden_of
 from meshplan.interop.deepspeed_zero import (
     ZERO3_USED,
     ZERO12_USED,
@@ -149,12 +149,40 @@ def misspelt_field(d: dict) -> Optional[ConfigError]:
         for key in sub if isinstance(sub, dict) else ():
             if f"{table}.{key}" in DEEPSPEED_KEYS:
                 continue
-            hit = loose_near_miss(key, [k.split(".", 1)[1] for k in DEEPSPEED_KEYS if k.startswith(f"{table}.")])
+            hit = _field_hit(table, key)
             if hit is not None:
                 reads = "meshplan reads" if f"{table}.{hit}" in READS else "meshplan does not use"
                 return ConfigError(f"{table}.{key}", f"not a field of DeepSpeed's {model}, which refuses other keys; "
                                    f"did you mean {table}.{hit}? (a DeepSpeed key {reads})")
     return None
+
+
+def _field_hit(table: str, key: str) -> Optional[str]:
+    """The field of DeepSpeed's model for ``table`` (:data:`FORBIDS_EXTRA`) closest to ``key``
+    (:func:`~meshplan.interop.common.loose_near_miss`), None when none is near."""
+    return loose_near_miss(key, [k.split(".", 1)[1] for k in DEEPSPEED_KEYS if k.startswith(f"{table}.")])
+
+
+def misspelt_key(d: dict) -> Optional[ConfigError]:
+    """The error for the first key of ``d`` that is a near miss of a key meshplan reads at every
+    stage (:data:`USED`), naming the closest DeepSpeed field of its table where that is closer
+    than the read key (newcomer trial nc52: ``zero_optimization.stage3_max_live_paramaters`` is
+    one edit from ``stage3_max_live_parameters`` and was told "did you mean
+    zero_optimization.stage?", which only begins it: :func:`misspelt_field`'s error then).
+
+    >>> misspelt_key({"zero_optimization": {"stage": 3, "stage3_max_live_paramaters": 1e9}}).message[-91:]
+    'did you mean zero_optimization.stage3_max_live_parameters? (a DeepSpeed key meshplan reads)'
+    >>> misspelt_key({"zero_optimization": {"stage_3": 3}}).message
+    'not a DeepSpeed key; did you mean zero_optimization.stage? (meshplan reads that one: misspelt, the setting would stay at its default)'
+    """
+    typo = misspelt(flatten(d), USED, DEEPSPEED_KEYS, loose_near_miss)
+    if typo is None:
+        return None
+    table, _, key = typo[0].rpartition(".")
+    if table in FORBIDS_EXTRA and _field_hit(table, key) not in (None, typo[1].rpartition(".")[2]):
+        return misspelt_field({table: {key: None}})
+    return ConfigError(typo[0], f"not a DeepSpeed key; did you mean {typo[1]}? (meshplan reads that one: "
+                       "misspelt, the setting would stay at its default)")
 
 
 def _given(d: dict, key: str) -> Optional[int]:
@@ -218,16 +246,15 @@ def read(d: dict, opts: ImportOptions) -> Imported:
                           "config.json path")
     if not opts.seq_len:
         raise ConfigError("--seq-len", "a DeepSpeed config does not hold the sequence length; give --seq-len N")
-    typo = misspelt(flatten(d), USED, DEEPSPEED_KEYS, loose_near_miss)
-    if typo:
-        raise ConfigError(typo[0], f"not a DeepSpeed key; did you mean {typo[1]}? (meshplan reads that one: "
-                          f"misspelt, the setting would stay at its default)")
+    typo = misspelt_key(d)
+    if typo is not None:
+        raise typo
     field_typo = misspelt_field(d)
     if field_typo is not None:
         raise field_typo
     refuse_offload(zero_section(d))
     d, auto_line = fill_hidden(d, hidden_of(opts.model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
-    d = fill_batch(d, opts.micro_batch, opts.grad_accum)
+    d = fill_dtype(fill_batch(d, opts.micro_batch, opts.grad_accum), opts.dtype)
     cluster, world = cluster_table(opts, "DeepSpeed")
     stage = zero_stage(d)
     global_batch, micro = batch(d, world)
@@ -315,7 +342,7 @@ def model_dtype(d: dict) -> str:
     for name, table in ((key, bf16), ("fp16", fp16)):  # the HF Trainer's: its --bf16 / --fp16, not in the file
         if table.get("enabled") == "auto":
             raise ConfigError(f"{name}.enabled", f"\"auto\" is filled by the HF Trainer from its --{name[:2]}16 flag "
-                              f"(unset: false); write true or false")
+                              f"(unset: false); pass --dtype {name[:2]}16 (or fp32 for neither flag), or write true or false")
     if bf16.get("enabled") and fp16.get("enabled"):
         raise ConfigError(f"{key}.enabled", "and fp16.enabled are both true, which DeepSpeed refuses ('bfloat16 and "
                           "fp16 modes cannot be simultaneously enabled', runtime/config.py); set one of them to false")

@@ -22,6 +22,10 @@ A DeepSpeed config written for the HF Trainer (``TrainingArguments(deepspeed=...
   meshplan takes those two values from ``--micro-batch`` and ``--grad-accum`` (:func:`fill_batch`);
   an ``"auto"`` the other keys do not determine, without its flag, is a one-line error naming the
   key and the flag.
+- ``bf16.enabled`` and ``fp16.enabled`` are filled from ``--bf16`` and ``--fp16`` (``fill_match``
+  of ``args.bf16 or args.bf16_full_eval``, ``args.fp16 or args.fp16_full_eval``; both false
+  unset): meshplan takes them from ``--dtype`` (:func:`fill_dtype`), an ``"auto"`` without it is a
+  one-line error naming the key and the option.
 - ``gradient_clipping`` is filled from ``--max_grad_norm`` (1.0 by default): read as clipping on
   (:func:`meshplan.interop.deepspeed._clip`).
 
@@ -139,6 +143,33 @@ def fill_batch(d: dict, micro: Optional[int], accum: Optional[int]) -> dict:
             flag, hf = BATCH_FLAGS[key]
             raise ConfigError(key, f"\"auto\" is filled by the HF Trainer from its {hf}; pass that value as {flag} N")
     return {k: v for k, v in out.items() if v != "auto" or k not in (*BATCH_FLAGS, "train_batch_size")}
+
+
+def fill_dtype(d: dict, dtype: Optional[str]) -> dict:
+    """``d`` with ``bf16.enabled`` / ``bfloat16.enabled`` / ``fp16.enabled`` ``"auto"`` as the HF
+    Trainer fills them from ``--bf16`` / ``--fp16``, which ``dtype`` (``--dtype``: bf16, fp16,
+    fp32) says (module docstring); a given ``dtype`` that disagrees with the file's true or false
+    is a ConfigError naming the key (the Trainer refuses the mismatch); ``dtype`` None leaves
+    ``"auto"`` to :func:`meshplan.interop.deepspeed.model_dtype`'s error.
+
+    >>> fill_dtype({"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}, "bf16")
+    {'bf16': {'enabled': True}, 'fp16': {'enabled': False}}
+    >>> fill_dtype({"bf16": {"enabled": False}}, "bf16")
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: bf16.enabled: is false in the file, --dtype says bf16 (the HF Trainer refuses the mismatch); give one of them
+    """
+    out = dict(d)
+    for key in ("bf16", "bfloat16", "fp16"):
+        table = out.get(key)
+        if dtype is None or not isinstance(table, dict) or "enabled" not in table:
+            continue
+        want = dtype == key[:2] + "16" if key != "bfloat16" else dtype == "bf16"
+        if table["enabled"] == "auto":
+            out[key] = {**table, "enabled": want}
+        elif bool(table["enabled"]) != want:
+            raise ConfigError(f"{key}.enabled", f"is {str(bool(table['enabled'])).lower()} in the file, --dtype says "
+                              f"{dtype} (the HF Trainer refuses the mismatch); give one of them")
+    return out
 
 
 def keep_auto(user: dict, written: dict, hidden: int) -> dict:
