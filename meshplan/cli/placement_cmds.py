@@ -28,6 +28,7 @@ from meshplan.comm.nccl_log import read_nccl_log
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.interop.launch_args import megatron_program_args, refuse_unplanned
+from meshplan.interop.launch_deepspeed import refuse_deepspeed_mismatch
 from meshplan.interop.megatron_env import launch_env, script_env
 from meshplan.interop.source_file import carried_source
 from meshplan.placement.assign import rank_row
@@ -208,7 +209,10 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     export --to megatron writes (with its [source]'s flags meshplan does not plan) are appended to the program, after its
     own words (argparse keeps the last of a repeated flag), and a note says so; a flag meshplan plans that the program
     gives but the appended flags leave out (a switch the plan keeps off, such as --sequence-parallel) is refused, since
-    no later word would undo it."""
+    no later word would undo it. For a DeepSpeed plan the command's HF Trainer batch flags
+    (--per_device_train_batch_size, --gradient_accumulation_steps) and the DeepSpeed JSON after --deepspeed or
+    --deepspeed_config (its ZeRO stage, hpZ partition and batch numbers) are checked against the plan, and a mismatch
+    is refused."""
 
     out = _launch_refusals(config, program, nic_scope, out, json_path, force)
     p = _load(config, topology)
@@ -221,6 +225,9 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                                if program and p.config.training.framework == "megatron" else ((), ""))
     # a planned flag the appended ones leave out (a carried switch the plan keeps off too)
     refuse_unplanned(tuple(program or ()), appended, config, p.config.training)
+    # a DeepSpeed plan's command: its JSON's and the HF Trainer's batch and ZeRO numbers against the plan's
+    for n in refuse_deepspeed_mismatch(tuple(program or ()), p.config.training, p.micro_batches, config):
+        _echo(f"note: {n}", err=True)
     opts = LaunchOptions(program=tuple(program or ()) + appended, rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
