@@ -76,7 +76,8 @@ def mismatches(program: tuple[str, ...], numbers: dict[str, Any], read_json=None
     ...            lambda p: {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"})[0]
     ['ds.json zero_optimization.stage 2, the plan 3', 'ds.json zero_optimization.zero_hpz_partition_size 1, the plan 8']
     """
-    out, notes = [], []
+    out: list[str] = []
+    notes: list[str] = []
     for flag, key in HF_BATCH.items():
         v = _value(program, flag)
         if v is not None and v != str(numbers[key]):
@@ -84,11 +85,12 @@ def mismatches(program: tuple[str, ...], numbers: dict[str, Any], read_json=None
     path = _value(program, "--deepspeed_config") or _value(program, "--deepspeed")
     if path is None or not path.endswith(".json"):
         return out, notes
-    d = (read_json or _read)(path)
-    if d is None:
+    d: Optional[dict] = (read_json or _read)(path)
+    if not isinstance(d, dict):
         notes.append(f"{path}: not found from here, so its ZeRO stage and batch were not checked against the plan")
         return out, notes
-    zero = d.get("zero_optimization") if isinstance(d.get("zero_optimization"), dict) else {}
+    z = d.get("zero_optimization")
+    zero: dict = z if isinstance(z, dict) else {}
     given = {"stage": zero.get("stage", 0), "zero_hpz_partition_size": zero.get("zero_hpz_partition_size", 1),
              **{k: d[k] for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
                 if k in d}}
