@@ -78,7 +78,7 @@ class Foreign:
 
 
 def cluster_file(path: Path, nodes: Optional[int]) -> ClusterSpec:
-    """The ``[cluster]`` table of TOML file ``path`` (a node written inline, e.g. docs/cluster.md's
+    """The ``[cluster]`` table of TOML file ``path`` (a node written inline, e.g. docs/input.md's
     4-NIC A100 node; newcomer trial nc52 was told ``unknown node`` for such a file), read as a
     config's (:func:`meshplan.config_tables.read_cluster`), ``nodes`` (``--nodes``) replacing its
     own. A ConfigError naming ``--cluster`` when the file is missing or holds no [cluster]."""
