@@ -922,12 +922,18 @@ def test_compute_line_names_the_kernel_kinds_that_differ():
     gathers of 195.7 us and the first dK/dV shift of 384.3 us instead of 2 x 36.3 us:
     80 x (775.7 - 72.6) us x 24 / 132 = 10.2 ms. Since torch.compile's ring backward waits its gather and
     shifts at once (schedule.ring_timeline.compiled_ring_backward) +100.9 ms: only the forward's gather
-    runs beside compute, 80 x (195.7 - 72.6) us x 24 / 132 = 1.79 ms over the 99.1 ms."""
+    runs beside compute, 80 x (195.7 - 72.6) us x 24 / 132 = 1.79 ms over the 99.1 ms. Since NCCL's
+    network collectives hold their channels' SMs (nc52fixC: 16 of 132 on a DGX H100,
+    row_shares.nccl_net_channels), each side's cross-node FSDP gathers and reduce-scatters slow the
+    compute beside them: SM contention tp4 0.66 -> 237.98 ms, cp2 3.51 -> 232.36 ms, so +100.9 +
+    (232.36 - 3.51) - (237.98 - 0.66) = +92.4 ms."""
     from test_search_explain import _trial_pair
     (p1, _), (p2, _) = _trial_pair()
     c = compare(p1, p2, names=("tp4", "cp2"))
     i = next(k for k, r in enumerate(c.reasons) if r.startswith("compute: "))
-    assert c.reasons[i].endswith("(+100.9 ms)")
+    assert c.reasons[i].endswith("(+92.4 ms)")
+    slow = [round(s.step.contention_s() * 1e3, 2) for s in (c.a, c.b)]
+    assert slow == [237.98, 232.36] and round(100.9 + (slow[1] - 3.51) - (slow[0] - 0.66), 1) == 92.4
     assert round(99.1 + 80 * (2 * 195.7 + 384.3 - 2 * 36.3) * 24 / 132 / 1e3, 1) == 109.3
     assert (round(13.56 * 29 / 30, 1), round(33.44 * 73 / 74, 1)) == (13.1, 33.0)
     assert c.reasons[i + 1:i + 4] == ("of compute, SP layout copy: tp4 0.0 ms, cp2 43.4 ms (+43.4 ms)",
@@ -967,7 +973,12 @@ def test_compute_line_names_the_recompute_difference():
     14 x 16,777,216 B / 4.15 TB/s = 56.6 us, above rank 0's 52.7 us of slower SDPA (M1: fwd 1/620.73
     - 1/614.95, bwd 2.5 (1/508.08 - 1/519.8) at rank 0's 8,192 queries), so rank 1's calls: its
     unmasked forward at 8,192 keys, 614.95 TFLOP/s, replayed by both: (1/614.95 - 1/620.73) x pair x 80
-    = +0.666 ms on each."""
+    = +0.666 ms on each. Since NCCL's network collectives hold their channels' SMs (nc52fixC: 16 of 132,
+    row_shares.nccl_net_channels) the FSDP gathers and reduce-scatters over 128 nodes slow the compute
+    beside them, and not by the same on both sides: A 965.62 ms, B 1039.88 ms of SM contention (3.52 ms
+    each before; the same collectives overlap the two sides' compute differently), so
+    compute A 11537.6 ms, B 9818.5 ms, -1793.4 + (1039.88 - 965.62) = -1719.2 ms; the recompute line
+    is still the replay's -1793.4 ms."""
     from meshplan.config import config_from_dict
     base = {"model": {"catalog": "llama3-70b", "max_position": 32768},
             "cluster": {"system": "dgx-h200", "nodes": 128},
@@ -976,7 +987,9 @@ def test_compute_line_names_the_recompute_difference():
     a, b = (build_plan(config_from_dict({**base, "training": {**base["training"], "recompute": r}}))
             for r in ("full", "selective"))
     c = compare(a, b, names=("A", "B"))
-    i = c.reasons.index("compute: A 10575.5 ms, B 8782.1 ms (-1793.4 ms)")
+    i = c.reasons.index("compute: A 11537.6 ms, B 9818.5 ms (-1719.2 ms)")
+    slow = [round(s.step.contention_s() * 1e3, 2) for s in (c.a, c.b)]
+    assert slow == [965.62, 1039.88] and round(-1793.4 + slow[1] - slow[0], 1) == -1719.1  # to the rounding
     assert c.reasons[i + 1] == "of compute, recompute (forward replayed in backward): A 2481.8 ms, B 688.3 ms (-1793.4 ms)"
     assert [round(s.step.recompute_s() * 1e3, 3) for s in (c.a, c.b)] == [620.438, 172.081]
     pair = 8 * 16384 ** 2 * 256
