@@ -45,7 +45,8 @@ def test_config_argument_help_says_what_each_command_reads():
 # documented once for every command in "Output contracts" (docs/commands.md: --json, --force) and, for the
 # commands that read a foreign config (the plan row: torchtitan, Megatron-LM, DeepSpeed), "Foreign configs"
 SHARED = {"--help", "--json", "--force"}
-FOREIGN = {"--format", "--cluster", "--nodes", "--gpu", "--model", "--seq-len", "--micro-batch", "--grad-accum"}
+FOREIGN = {"--format", "--cluster", "--nodes", "--gpu", "--model", "--seq-len", "--micro-batch", "--grad-accum",
+           "--dtype"}  # meshplan/cli/foreign_opts.OPTIONS, named once in docs/commands.md ("CONFIG ... with")
 READS_FOREIGN = {"plan", "report", "groups", "memory", "step", "reliability", "search", "export"}
 
 

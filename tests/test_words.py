@@ -180,7 +180,7 @@ def test_search_names_the_zero12_data_axis_dp_as_plan_does(tmp_path):
     reduce-scatters cross the 2 nodes and now hold 16 of 132 SMs beside the compute: its run 5.752 ->
     6.003 s (test_deepspeed_zero3_knobs), more than 1% over the zero1 run's 5.761 s, so no longer in
     the row; ZeRO-1/2 reduce their buckets at the step's end, beside no compute, unchanged. Row 1 is
-    the dp 16 zero2 run, 5.798 s, the lower peak of the two within 1%, its variant the zero1 run.)"""
+    the dp 16 zero2 run, 5.798 s, first of the two within 1% by the search's tie rule, its variant the zero1 run.)"""
     ds = _deepspeed_zero2(tmp_path)
     plan = _cli("plan", ds).output
     assert "mesh (dp 16)  canonical ('dp',)" in plan
