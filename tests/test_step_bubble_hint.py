@@ -225,13 +225,17 @@ def test_step_prints_the_hint_in_text_and_json(tmp_path, capsys):
     (0.805 ms on the compute stream) issued beside the one before; under FSDP2's one reduce-scatter in
     flight (grad_reduce.rs_buffer_wait, torch 2.13 _fsdp_param_group.py 639-658) each copy-in waits for
     the reduce-scatter before, so the 7 layers' copy-ins sit between them: the tail 7 x 0.805 = 5.64 ms
-    longer, exposed fsdp 311.77 -> 317.41 ms, the bubble 7.46 s unchanged.)"""
+    longer, exposed fsdp 311.77 -> 317.41 ms, the bubble 7.46 s unchanged.) (nc52fixC: the FSDP and pp
+    collectives that cross nodes now hold NCCL's network channels, 16 and 4 of the H100's 132 SMs,
+    row_shares.nccl_net_channels: stage 0's compute includes 8.90 ms of SM contention, the other stages'
+    slower kernels lengthen its waits: bubble 7465.70 ms (7.47 s printed), exposed fsdp 308.51 ms, the
+    step 13476.88 -> 13478.03 ms.)"""
     out = tmp_path / "step.json"
     assert run_main("step", LLAMA405B, "--json", out) == 0
     printed = capsys.readouterr().out.splitlines()
     hint = [x for x in printed if x.startswith("hint: the pipeline bubble")]
     assert len(hint) == 1 and hint[0] in json.loads(out.read_text())["verdict"]
-    assert hint[0].startswith("hint: the pipeline bubble on stage 0 is 55.4% of the step (7.46 s of 13.48 s; "
+    assert hint[0].startswith("hint: the pipeline bubble on stage 0 is 55.4% of the step (7.47 s of 13.48 s; "
                               "1f1b, pp 16, 16 micro-batches per step): shorter with ")
     plan = plan_file(LLAMA405B)
     assert hint[0] == bh.bubble_hint(plan, step_time(plan), rebuilt_step(plan, step_time))[0]
