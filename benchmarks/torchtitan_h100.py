@@ -128,6 +128,20 @@ still above the published rate. The T1 bf16 rows' 0.11 / 0.15 s a step (16,384 t
 16384 / 5762 - 16384 / 6001.5 = 0.113 s, 16384 / 6667 - 16384 / 7103.3 = 0.151 s) is left to what
 no source here names.
 
+**The FSDP2 root (every row).** Both revisions predate torchtitan's own end units (83e6941, #1094):
+``apply_fsdp`` wraps each block, then ``fully_shard(model)`` alone (9dec370
+``parallelisms/parallelize_llama.py:325-339``, 820504e ``models/llama3/parallelize_llama.py:344-367``),
+so embedding, final norm and output are one unit, the root's, which FSDP2 keeps gathered from its
+forward to its backward and reduces in its final callback, waited for (``training.fsdp_root_unit``,
+set by :func:`load_row`; :attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`). Before, the
+later units were planned, which hid the head's gather and reduce-scatter: T1 exposed fsdp 8.7 ->
+18.5 ms (the first all-gather 2.10 GB, the last reduce-scatter 4.20 GB fp32), T1 +4.2 / +6.5 / +9.4%
+-> +3.9 / +6.2 / +9.0%, T3 +9.6 / +12.2 / +15.6% -> +9.2 / +11.7 / +14.9%, T4 +12.0% -> +11.8%, T5
+(pp) unchanged; mean |error| 17.6% -> 17.3% (``--node dgx-h100`` 44.2% -> 43.9%). The rest of the
+train step was read against the timeline and found modelled or free in the published window
+(docs/fidelity.md: "Every torchtitan row is predicted fast"); T1's gap, 107 / 144 / 159 ms a step
+(eager / compile / compile+fp8), grows as the kernels get faster: not a per-step term.
+
 **Context parallelism (T2).** torchtitan 9dec370 runs torch's ``context_parallel``
 (``--experimental.context_parallel_rotate_method`` default ``"allgather"``; SDPA limited to the
 flash and efficient backends), whose ring attention calls SDPA once per K/V chunk and merges
@@ -270,15 +284,19 @@ head's forward to the loss's backward, 44.3 / 44.5 / 44.5 / 44.3 -> 67.8 / 68.0 
 logit shards at once); T5's peak is in a layer's backward (58.2 / 47.5 GiB, published 82.5 /
 72.7), unchanged. The async TP runs (820504e) compile the loss (stated ``compiled``: the bf16 logits
 kept, one bf16 gradient, no fp32 logits; measured on CPU inductor): A70 35.9 -> 32.9-35.0 GiB,
-A8 61.1 -> 58.2 GiB (not published). The peaks incl. communication buffers were 18.5% under the published reserved
-bytes on average (34.7% at worst). The simulated allocator, whose rules are read in torch's source
-and nothing of which is fitted to these rows, predicts the reserved bytes: T1 76.7 / 76.7 / 76.3,
-T2 82.1 / 82.1 / 82.2 / 84.6, T3 62.7 / 62.7 / 62.3, T4 64.5 / 64.5, T5 65.7 / 61.0 GiB: mean
-|error| 5.3%, max 20.4% (T5 1F1B), within 2.5% on T2 and on the compiled T1 and T3 rows. What stays
-under is where the eager rows (T1, T3 FSDP: -6.9%, -6.4%), TP (T4: -10.3%, -4.6%) and the pipeline
-(T5: -20.4%, -16.1%) allocate tensors the kind-level timeline does not list one by one (eager
-norms' temporaries, DTensor redistributions, the pipeline's send and receive buffers), and those
-the allocator caches per stream (NCCL's internal streams, the pipeline's P2P) that it keeps on the
+A8 61.1 -> 58.2 GiB (not published). The peaks incl. communication buffers are 17.5% under the
+published reserved bytes on average (34.7% at worst; 18.5% before the FSDP2 root unit). The
+simulated allocator, whose rules are read in torch's source and nothing of which is fitted to these
+rows, predicts the reserved bytes: T1 79.7 / 79.7 / 79.2, T2 85.0 / 85.0 / 85.1 / 87.6, T3 65.6 /
+65.6 / 65.2, T4 65.2 / 65.2, T5 65.7 / 61.0 GiB: mean |error| 5.7%, max 20.4% (T5 1F1B), within 3.7%
+on T2 and on the eager T1 and T3 rows (-3.3%, -2.1%), the compiled T1 and T3 rows over by 3.1-5.8%.
+The FSDP2 root unit (above: embedding, norm and output, 2.10 GB gathered from the step's start to
+its end) raised T1-T3 by 2.9-3.0 GiB, T4 by 0.7 (tp 8 shards both ends): mean 5.3% -> 5.7%, the
+eager rows -6.9%, -6.4% -> -3.3%, -2.1%, the compiled ones from within 2.5% to over. What stays
+under is where TP (T4: -9.3%, -3.6%) and the pipeline (T5: -20.4%, -16.1%) allocate tensors the
+kind-level timeline does not list one by one (eager norms' temporaries, DTensor redistributions, the
+pipeline's send and receive buffers), and those the allocator caches per stream (NCCL's internal
+streams, the pipeline's P2P) that it keeps on the
 compute stream: no row was measured allocated, so the split is not known.
 
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2
@@ -294,7 +312,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -459,13 +477,21 @@ def by_source(plan) -> dict[str, float]:
     return out
 
 
+def load_row(path: Path, r: Row, node: str = NODE):
+    """The row's config: its TOML imported on catalog node ``node``, with ``training.fsdp_root_unit``
+    set: both revisions the runs name (9dec370, 820504e) predate torchtitan's own end units
+    (83e6941, #1094) and wrap the embedding, the final norm and the output in the FSDP2 root
+    (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`); a job TOML has no key for it."""
+    cfg = load_any(path, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8))
+    return replace(cfg, training=cfg.training.model_copy(update={"fsdp_root_unit": True}))
+
+
 def predict(r: Row, folder: Path, node: str = NODE) -> Result:
     """Import the row's TOML and run meshplan's step model on it, on catalog node ``node``."""
     path = folder / (r.id.replace(" ", "_").replace("+", "-") + ".toml")
     path.write_text(toml_of(r))
     try:
-        cfg = load_any(path, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8))
-        plan = build_plan(cfg)
+        plan = build_plan(load_row(path, r, node))
         st = step_time(plan)
     except ConfigError as e:
         return Result(r, error=str(e))
@@ -539,7 +565,7 @@ def itemise(r: Row, folder: Path, node: str = NODE) -> list[str]:
     FSDP2's copies, SM sharing), against the published step, on catalog node ``node``."""
     path = folder / "itemise.toml"
     path.write_text(toml_of(r))
-    plan = build_plan(load_any(path, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8)))
+    plan = build_plan(load_row(path, r, node))
     st, m = step_time(plan), plan.micro_batches
     kinds: dict[str, float] = {}
     for ch in chunk_costs(plan, workload_of(plan))[0]:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from meshplan import catalog
 from meshplan.errors import ConfigError, closest, printable
 from meshplan.limits import MAX_WORLD, bound_message, over
-from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.cluster import ClusterSpec, NodeSpec
 from meshplan.spec.hf import model_from_hf_config
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.axes import KNOWN_AXES
@@ -234,7 +234,7 @@ def read_cluster(t: dict) -> ClusterSpec:
         name = t.pop("system")
         if "nodes" not in t:
             raise ConfigError("cluster.nodes", "required with system; give the number of nodes")
-        gpu, fabric, nodes = t.pop("gpu", None), t.pop("fabric", None), t.pop("nodes")
+        gpu, fabric, nodes, nic = t.pop("gpu", None), t.pop("fabric", None), t.pop("nodes"), t.pop("nic", None)
         if not isinstance(name, str):
             raise ConfigError("cluster.system", f"give a catalog node name (got a {type(name).__name__}); "
                                                 f"known: {', '.join(catalog.names('node'))}")
@@ -250,26 +250,65 @@ def read_cluster(t: dict) -> ClusterSpec:
                                                      else build(type(cluster.gpu), gpu, "cluster.gpu")})
         if fabric is not None:
             cluster = _with_fabric(cluster, fabric, name)
+        if nic is not None:
+            node = build(NodeSpec, _with_nics(cluster.node.model_dump(), nic), "cluster.nic")
+            cluster = cluster.model_copy(update={"node": node})
         if t:
             raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu, "
-                                                         "fabric")
+                                                         "fabric, nic")
         return cluster
     if isinstance(t.get("gpu"), str):
         with _as_field("cluster.gpu"):
             t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
-    return build(ClusterSpec, _named_parts(t), "cluster")
+    t = _named_parts(t)
+    if "nic" in t:
+        if not isinstance(t.get("node"), dict):
+            raise ConfigError("cluster.nic", "sets every NIC of the node: give the node too (node = \"dgx-h200\" or "
+                                             "a [cluster.node] table)")
+        t["node"] = _with_nics(t["node"], t.pop("nic"))
+    return build(ClusterSpec, t, "cluster")
+
+
+#: The keys ``[cluster] nic = { ... }`` may set on every NIC of the node.
+NIC_KEYS = ("transport", "rate_gbit_per_s")
+
+
+def _with_nics(node: dict, given) -> dict:
+    """``node`` (a node table) with the keys of ``given`` (``[cluster] nic = { transport = "roce",
+    rate_gbit_per_s = 400.0 }``, :data:`NIC_KEYS`) set on each of its NICs, the others kept, and
+    its source saying so: a catalog node's NICs on another fabric without writing the node whole.
+
+    >>> n = _with_nics(catalog.node("dgx-h200").model_dump(), {"transport": "roce"})
+    >>> {x["transport"] for x in n["nics"]}, {x["rate_gbit_per_s"] for x in n["nics"]}, n["source"][-52:]
+    ({'roce'}, {400.0}, "config's [cluster] nic (transport roce) on every NIC")
+    >>> _with_nics(catalog.node("dgx-h200").model_dump(), {"speed": 1})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: cluster.nic.speed: unknown key; allowed: transport, rate_gbit_per_s
+    """
+    if not isinstance(given, dict):
+        raise ConfigError("cluster.nic", f"must be a table of NIC keys, e.g. nic = {{ transport = \"roce\", "
+                                         f"rate_gbit_per_s = 400.0 }} (got {type(given).__name__} {given!r:.40})")
+    bad = sorted(set(given) - set(NIC_KEYS))
+    if bad:
+        raise ConfigError(f"cluster.nic.{bad[0]}", f"unknown key; allowed: {', '.join(NIC_KEYS)}")
+    said = ", ".join(f"{k} {given[k]}" for k in NIC_KEYS if k in given)
+    return {**node, "nics": [{**nic, **given} for nic in node.get("nics", [])],
+            "source": f"{node.get('source', '')}; config's [cluster] nic ({said}) on every NIC"}
 
 
 def _named_parts(t: dict) -> dict:
     """An inline [cluster] table with the catalog's names resolved where a table or list goes:
     ``network = "superpod-hdr-su20"`` (a catalog network's tiers), ``node = "dgx-a100-40gb"`` (a catalog
-    node) and ``node.busbw = { nvlink = "a100-nvlink3-ring" }`` (a catalog ``nccl.toml`` curve). A
+    node, and its GPU where ``gpu`` is not given) and ``node.busbw = { nvlink = "a100-nvlink3-ring" }`` (a
+    catalog ``nccl.toml`` curve). A
     value of another type (``network``, ``node``, ``node.busbw`` or one of its curves) is a ConfigError
     naming the field and both forms.
 
     >>> t = _named_parts({"network": "superpod-hdr-su20", "node": {"busbw": {"nvlink": "a100-nvlink3-ring"}}})
     >>> [tier["name"] for tier in t["network"]], t["node"]["busbw"]["nvlink"]["ranks"]
     (['leaf', 'spine'], 8)
+    >>> _named_parts({"node": "dgx-h200"})["gpu"]["name"]
+    'h200-sxm-141gb'
     >>> _named_parts({"network": 3})
     Traceback (most recent call last):
     meshplan.errors.ConfigError: cluster.network: give a catalog network name (meshplan catalog network) or a list of tier tables [{ name = ..., latency_us = ..., nodes_per_domain = ..., oversubscription = ... }, ...] (got int 3)
@@ -287,6 +326,8 @@ def _named_parts(t: dict) -> dict:
     if isinstance(node, str):
         with _as_field("cluster.node"):
             t["node"] = catalog.node(node).model_dump()
+            if "gpu" not in t:  # the catalog node's own GPU (newcomer trial 51: node = "dgx-h200" alone)
+                t["gpu"] = catalog.gpu(catalog.entry("node", node)["gpu"]).model_dump()
     elif node is not None and not isinstance(node, dict):
         raise ConfigError("cluster.node", f"give a catalog node name (meshplan catalog node) or a [cluster.node] "
                                           f"table (docs/input.md) (got {type(node).__name__} {node!r:.40})")

@@ -241,19 +241,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     t = t.at_pp(mesh.degree("pp"))  # reshard_after_forward unset: this mesh's default (TrainingSpec.at_pp)
     config = replace(config, training=t)
     config, spec, no_pipeline = without_pipeline(config, spec, mesh)
-    v = check(m, t, mesh, spec, get_schedule(spec.pp_schedule).virtual_stage)  # the schedule's chunk map
-    check_chunks(spec.pp_schedule, v.vpp)  # a one-chunk schedule with virtual stages: the same error everywhere
-    if v.stages is not None:
-        check_block_recompute(t, v.stages)  # n past every model chunk
-    check_framework(spec.pp_schedule, t.framework, mesh.degree("pp"))  # Megatron-LM runs 1F1B and interleaved only
-    pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
-    vpp_unknown = bool(spec.layers_per_virtual_stage) and v.stages is None  # its reason says why; no vpp to judge
-    v = replace(v, reasons=v.reasons + (() if vpp_unknown else run_reasons(spec.pp_schedule, pp, v.micro_batches,
-                                                                           v.vpp, t.pp_schedule_runs, t.framework)
-                                        + megatron_p2p_reasons(t, spec.pp_schedule, pp, v.vpp)
-                                        + dualpipev_ep_ac_reasons(t, spec.pp_schedule, pp, mesh.degree("ep"))),
-                notes=no_pipeline + v.notes + runtime_warnings(t, spec.pp_schedule, mesh, m)
-                + p2p_note(t, spec.pp_schedule, pp))
+    v = _stages(config, spec, mesh, no_pipeline)
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     if t.moe_dispatcher == "deepep" and m.is_moe:  # DeepEP asserts on a group size it has no config for (rule deepep)
@@ -264,22 +252,53 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         return Infeasible(config, spec, world, v.reasons + tuple(partition), constraints, notes=v.notes,
                           derivation=derivation_words(mesh.derivation, t, config.origin), mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
                           micro_batches=v.micro_batches)
+    plan = _plan(config, spec, world, mesh, v, placement, flags, constraints, reports)
+    return with_memory(plan) if memory else plan
+
+
+def _stages(config: Config, spec, mesh, no_pipeline: tuple):
+    """The stage split of ``mesh`` (:func:`~meshplan.mesh.validity.check` with the schedule's chunk
+    map) after the schedule's, the block recompute's and the framework's refusals (ConfigError),
+    with the pipeline schedule's own rules as reasons (:mod:`meshplan.pipeline`, after the mesh's;
+    none where the virtual stages are unknown: their reason says why) and the runtime's notes
+    (``no_pipeline``: :func:`~meshplan.plan_checks.without_pipeline`'s first)."""
+    m, t = config.model, config.training
+    v = check(m, t, mesh, spec, get_schedule(spec.pp_schedule).virtual_stage)  # the schedule's chunk map
+    check_chunks(spec.pp_schedule, v.vpp)  # a one-chunk schedule with virtual stages: the same error everywhere
+    if v.stages is not None:
+        check_block_recompute(t, v.stages)  # n past every model chunk
+    check_framework(spec.pp_schedule, t.framework, mesh.degree("pp"))  # Megatron-LM runs 1F1B and interleaved only
+    pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
+    vpp_unknown = bool(spec.layers_per_virtual_stage) and v.stages is None  # its reason says why; no vpp to judge
+    return replace(v, reasons=v.reasons + (() if vpp_unknown else run_reasons(spec.pp_schedule, pp, v.micro_batches,
+                                                                              v.vpp, t.pp_schedule_runs, t.framework)
+                                           + megatron_p2p_reasons(t, spec.pp_schedule, pp, v.vpp)
+                                           + dualpipev_ep_ac_reasons(t, spec.pp_schedule, pp, mesh.degree("ep"))),
+                   notes=no_pipeline + v.notes + runtime_warnings(t, spec.pp_schedule, mesh, m)
+                   + p2p_note(t, spec.pp_schedule, pp))
+
+
+def _plan(config: Config, spec, world: int, mesh, v, placement, flags: tuple, constraints, reports: bool) -> Plan:
+    """The plan of a mesh that passed every rule, without memory timelines: local shapes (each
+    registered axis divides the dims its descriptor names), the constraints annotated per axis
+    (``reports``), the notes (pp_schedule_runs at pp 1; MoE: the capacity every ep rank uses, with
+    its arithmetic), the state bytes per stage and the collective tables."""
+    m, t, c = config.model, config.training, config.cluster
     shapes = local_shapes(m, t, mesh)  # each registered axis divides the dims its descriptor names
     tokens = shapes.tokens
     span = ep_span(mesh, placement, flex=t.moe_dispatcher == "deepep")
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches, span,
                                    deepep=deepep_ep_copies(config, mesh, span[0], tokens)) if reports else constraints
     notes = v.notes
-    if t.pp_schedule_runs > 1 and pp == 1:
+    if t.pp_schedule_runs > 1 and mesh.degree("pp") == 1:
         notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "
                   "is its own forward and backward either way",)
     notes += moe_notes(m, t, mesh, tokens, span[0])  # MoE: the capacity every ep rank uses, with its arithmetic
-    plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=derivation_words(mesh.derivation, t, config.origin),
+    return Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=derivation_words(mesh.derivation, t, config.origin),
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
                 collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
-    return with_memory(plan) if memory else plan
 
 
 def with_memory(plan: Plan) -> Plan:

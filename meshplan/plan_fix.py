@@ -9,7 +9,8 @@ micro-batches; sync reduce-scatters them after each), ``recompute = "full"`` (ac
 of a layer freed after its forward, only its input kept), half the micro-batch (activations
 scale with it), each sharding above the configured one that the framework runs (:func:`_sharded`:
 ``zero1`` where an engine runs it, ``zero3``: parameters, gradients and optimizer state sharded over
-every data rank, DDP's ``dp_replicate`` folded into ``dp_shard``) or, already sharded, ``reshard_after_forward = true`` (not under a V-shaped schedule
+every data rank, DDP's ``dp_replicate`` folded into ``dp_shard``) or, already sharded, ``reshard_after_forward = true`` (under
+DeepSpeed's ZeRO-3 engine also its memory knobs, hpZ off first: :func:`_deepspeed_variants`) (not under a V-shaped schedule
 whose runtime would then get the gradients wrong, rule ``v-reshard``:
 :func:`meshplan.pipeline.vshape.reshard_defect`), twice the tp degree and
 twice the pp degree (each taken from the data axis; tp only inside a node), then context
@@ -129,7 +130,35 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
         if moved is not None:
             out.append((f"{keys.axis(axis)} x2 ({mesh_words(moved, keys)})",
                         replace(cfg, mesh=variant_mesh(plan, moved))))
-    return out[:MAX_VARIANTS]
+    return out[:MAX_VARIANTS] + _deepspeed_variants(plan, keys)
+
+
+def _deepspeed_variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
+    """(words, config) of DeepSpeed ZeRO-3's memory knobs the plan models (``zero3_engine =
+    "deepspeed"``; none otherwise), not counted in :data:`MAX_VARIANTS`: hpZ off
+    (``zero_hpz_partition_size = 1``: no secondary copy of the parameters,
+    :func:`~meshplan.memory.buffers.hpz_secondary_bytes`, params x 2 B / g a rank; every later
+    gather over the world again), ``stage3_max_reuse_distance`` 0 (``[memory]
+    deepspeed_max_reuse_elements``: nothing kept gathered from a layer's forward to its backward,
+    :func:`~meshplan.memory.deepspeed_fetch.deepspeed_reuse`) and ``stage3_prefetch_bucket_size`` 0
+    (``[memory] deepspeed_prefetch_elements``: no prefetch, the next layer's parameters not gathered
+    ahead). One that does not lower the peak is dropped by :func:`memory_fix`. Newcomer trial 52:
+    Llama-3-70B under ZeRO-3 with hpZ 8 on 8 nodes of A100 40GB (44.4 GiB, 35.5 usable) was told
+    32 nodes would fit while hpZ off plans at 28.0 GiB on its 8."""
+    cfg, t, m = plan.config, plan.config.training, plan.config.memory
+    if t.sharding != "zero3" or t.zero3_engine != "deepspeed":
+        return []
+    out: list[tuple[str, Config]] = []
+    if t.zero_hpz_partition_size > 1:
+        out.append((f"{keys.field('training.zero_hpz_partition_size')} 1 (hpZ off: no secondary copy of the "
+                    "parameters)", replace(cfg, training=t.model_copy(update={"zero_hpz_partition_size": 1}))))
+    if m.deepspeed_max_reuse_elements != 0:
+        out.append(("stage3_max_reuse_distance 0 ([memory] deepspeed_max_reuse_elements = 0)",
+                    replace(cfg, memory=m.model_copy(update={"deepspeed_max_reuse_elements": 0}))))
+    if m.deepspeed_prefetch_elements != 0:
+        out.append(("stage3_prefetch_bucket_size 0 ([memory] deepspeed_prefetch_elements = 0: no prefetch)",
+                    replace(cfg, memory=m.model_copy(update={"deepspeed_prefetch_elements": 0}))))
+    return out
 
 
 def _sharded(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
@@ -158,19 +187,23 @@ def _sharded(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
 
 
 def _together(plan: Plan, variants: list[tuple[str, Config]]) -> tuple[str, Config]:
-    """The knob variants (not the mesh ones, tp x2 and pp x2: those alone whose training is the
-    config's) applied at once."""
+    """The knob variants (not the mesh ones, tp x2 and pp x2: those alone whose training and
+    memory options are the config's) applied at once."""
     cfg = plan.config
     update: dict = {}
+    memory: dict = {}
     mesh, words = cfg.mesh, []
     last = max((i for i, (_, v) in enumerate(variants) if v.training.sharding != cfg.training.sharding), default=-1)
     for i, (w, v) in enumerate(variants):
-        if v.training == cfg.training or (v.training.sharding != cfg.training.sharding and i != last):
+        if (v.training == cfg.training and v.memory == cfg.memory) or \
+                (v.training.sharding != cfg.training.sharding and i != last):
             continue  # the mesh alone, or a sharding other than the most sharded
         words.append(w)
         update |= {k: val for k, val in v.training.model_dump().items() if val != cfg.training.model_dump()[k]}
+        memory |= {k: val for k, val in v.memory.model_dump().items() if val != cfg.memory.model_dump()[k]}
         mesh = v.mesh if v.mesh != cfg.mesh else mesh
-    return " + ".join(words), replace(cfg, mesh=mesh, training=cfg.training.model_copy(update=update))
+    return " + ".join(words), replace(cfg, mesh=mesh, training=cfg.training.model_copy(update=update),
+                                      memory=cfg.memory.model_copy(update=memory))
 
 
 def _layer_fits(plan: Plan, k: int) -> Optional[Plan]:
@@ -293,6 +326,8 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
         if p is None or p.timeline.verdict_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
             continue
         found.append((words, p))
+    lowered = {w for w, _ in found}  # a [memory] knob (DeepSpeed's) that lowers nothing is not applied with the rest
+    variants = [(w, v) for w, v in variants if v.memory == plan.config.memory or w in lowered]
     layer = _layer_variant(plan, keys)
     if layer is not None:
         found.append(layer)

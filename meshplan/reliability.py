@@ -198,6 +198,18 @@ class JobInterval:
         return self.steps * self.step_s
 
 
+#: The field that gave the job's checkpoint interval, by the config's origin (Config.origin).
+INTERVAL_SOURCE = {"torchtitan": "checkpoint.interval", "megatron": "--save-interval",
+                   "": "reliability.checkpoint_interval_steps"}
+
+
+def job_interval(config, step_s: float) -> Optional[JobInterval]:
+    """The job's own checkpoint interval (``config.checkpoint_interval_steps``, named by the field
+    of its origin that gave it) at ``step_s`` per step; None where the config says none."""
+    steps = config.checkpoint_interval_steps
+    return JobInterval(steps, step_s, INTERVAL_SOURCE.get(config.origin, INTERVAL_SOURCE[""])) if steps else None
+
+
 @dataclass(frozen=True)
 class Reliability:
     """The reliability account of one mesh (all seconds, bytes)."""
@@ -284,7 +296,8 @@ class Reliability:
         m, c = self.mtbf_s, self.write_s
         return [f"{self.gpus} GPUs x {self.rate_per_gpu_day:.3g} interruptions per GPU-day = "
                 f"{interruptions_per_day(self.gpus, self.rate_per_gpu_day):.3g} per day; MTBF {m / 3600:.2f} h "
-                f"(default rate: Llama 3, arXiv 2407.21783 3.3.4, 419 / (54 d x 16384))",
+                + ("(default rate: Llama 3, arXiv 2407.21783 3.3.4, 419 / (54 d x 16384))"
+                   if self.rate_per_gpu_day == DEFAULT_RATE_PER_GPU_DAY else "(rate given: --gpu-failure-rate)"),
                 "failure domains: " + "; ".join(d.text for d in self.domains),
                 self.size_line(),
                 self.dcp_line(),
@@ -307,3 +320,62 @@ def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_byte
                        write_time_s(size, write_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
                        write_time_s(size, read_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s, read=True),
                        restart_overhead_s, per_rank_bandwidth_bytes_per_s, t.sharding, job)
+
+
+def configured_reliability(plan, job: Optional[JobInterval] = None) -> Reliability:
+    """:func:`reliability` of ``plan`` at its config's ``[search]`` storage bandwidths and restart
+    overhead (defaults: :data:`meshplan.spec.search.LLAMA3_STORAGE_GB_PER_S`,
+    :data:`~meshplan.spec.search.ASSUMED_RESTART_OVERHEAD_S`), the goodput search prints and
+    step's train-time line divides by."""
+    o = plan.config.search
+    return reliability(plan, write_bandwidth_bytes_per_s=o.checkpoint_write_gb_per_s * 1e9,
+                       read_bandwidth_bytes_per_s=o.checkpoint_read_gb_per_s * 1e9,
+                       restart_overhead_s=o.restart_overhead_s, job=job)
+
+
+@dataclass(frozen=True)
+class TrainTime:
+    """How long ``tokens`` take at ``tokens_per_s`` (the predicted step's, all ranks): ``compute_s``
+    = tokens / tokens_per_s of uninterrupted steps, and ``wall_s`` = compute_s / ``goodput``, the
+    Daly (2006) fraction of wall time spent on useful work (:func:`goodput`: checkpoint writes,
+    the work lost to each interruption and the restarts), at the job's checkpoint interval where
+    the config gives one (``at``), else Daly's optimum. Seconds inside, days only in :meth:`line`.
+
+    >>> t = TrainTime(15e12, 306_188.0, 0.9, "Daly's interval")
+    >>> round(t.compute_s / DAY_S, 1), round(t.wall_s / DAY_S, 1)  # 15e12 / 306188 / 86400; / 0.9
+    (567.0, 630.0)
+    """
+
+    tokens: float
+    tokens_per_s: float
+    goodput: float
+    at: str
+
+    @property
+    def compute_s(self) -> float:
+        return self.tokens / self.tokens_per_s
+
+    @property
+    def wall_s(self) -> float:
+        return self.compute_s / self.goodput
+
+    def line(self, inputs: str) -> str:
+        """The line step prints; ``inputs``: the storage and restart inputs of the goodput."""
+        return (f"train time: {self.tokens:.4g} tokens at {self.tokens_per_s:,.0f} tokens/s: "
+                f"{self.compute_s / DAY_S:.1f} days of steps ({self.wall_s / DAY_S:.1f} days at goodput "
+                f"{self.goodput:.2%}: meshplan reliability's checkpoint writes, interruptions and restarts, checkpoints "
+                f"at {self.at}; {inputs})")
+
+    def fields(self) -> dict:
+        """``--json``'s ``train_time`` (seconds)."""
+        return {"tokens": self.tokens, "tokens_per_s": self.tokens_per_s, "compute_s": self.compute_s,
+                "goodput": self.goodput, "goodput_at": self.at, "wall_s": self.wall_s}
+
+
+def train_time(tokens: float, tokens_per_s: float, r: Reliability) -> TrainTime:
+    """:class:`TrainTime` of ``tokens`` at ``tokens_per_s`` with ``r``'s goodput: at the job's own
+    checkpoint interval where ``r`` has one (:meth:`Reliability.job_fields`), else at Daly's."""
+    if r.job is not None:
+        return TrainTime(tokens, tokens_per_s, goodput(r.job.interval_s, r.write_s, r.restart_s, r.mtbf_s),
+                         f"the job's interval ({r.job.steps} steps, {r.job.source})")
+    return TrainTime(tokens, tokens_per_s, r.goodput, f"Daly's interval ({r.interval_s / 60:.1f} min)")

@@ -97,7 +97,7 @@ class Tail:
 
 def units_of(plan) -> tuple[list, float]:
     """([(flags, UnitSim, CommTimes) of each backward unit the step plays], the step in seconds):
-    ``flags`` the keywords :func:`~meshplan.schedule.rank_timeline.backward_unit` was called with."""
+    ``flags`` the keywords :func:`~meshplan.schedule.backward_pass.backward_unit` was called with."""
     seen = []
     real = unit_times.backward_unit
 
@@ -132,7 +132,7 @@ def tail_of(plan) -> tuple[Tail, float]:
 def deferred_wait(plan) -> tuple[float, float]:
     """(seconds the one reduce-scatter in flight adds to stage 0's deferred reduction, the step). Under pp
     FSDP2 reduce-scatters after the chunk's last backward (torch's ``perform_reduce_grad``:
-    rank_timeline.backward_unit ``deferred``), the embedding's unit first, then each layer's (copy-in,
+    backward_pass.backward_unit ``deferred``), the embedding's unit first, then each layer's (copy-in,
     reduce-scatter). One queue: the copy-ins ran back to back on the compute stream while the
     reduce-scatters queued one behind the other, so the stage ended with the last reduce-scatter, each
     copy-in shorter than the reduce-scatter before it; one in flight: each layer's copy-in waits for the

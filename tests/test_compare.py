@@ -566,11 +566,20 @@ def test_framework_kernel_choices_itemise_compute():
     unit +386.02 ms, the last tail 17.698 -> 10.504 ms. 16 x (92.872 + 386.018) - 7.194 = 7655.05 ms.)
     (nc52fixC: NCCL's network collectives now hold their channels' SMs, 16 of the H100's 132
     (row_shares.nccl_net_channels), and both sides' FSDP and cp collectives cross the 16 nodes beside
-    the compute: torch's SM contention 0.014 -> 4.094 s, compute 112.679 -> 116.759 s, and the longer
-    compute hides more of the cp gathers, exposed cp 47.711 -> 44.448 s: the step 170.005 + 4.080 -
-    3.263 = 170.82 s; Megatron-LM's contention 0.605 -> 3.249 s, compute 73.430 -> 76.075 s, the step
-    82.32 -> 84.97 s; the compute difference -39.25 + (2.645 - 4.080) = -40.68 s. The kernels' lines
-    below are per-kernel seconds, unchanged.)"""
+    the compute: on the branch without es50 torch's SM contention 0.014 -> 4.094 s, compute 112.679 ->
+    116.759 s, and the longer compute hides more of the cp gathers, exposed cp 47.711 -> 44.448 s: the
+    step 170.005 + 4.080 - 3.263 = 170.82 s; Megatron-LM's contention 0.605 -> 3.249 s, compute 73.430 ->
+    76.075 s, the step 82.32 -> 84.97 s; the compute difference -39.25 + (2.645 - 4.080) = -40.68 s. The
+    kernels' lines below are per-kernel seconds, unchanged.)
+    (es50: torchtitan's full AC runs ``early_stop=False``, so the eager replay re-runs each layer's
+    closing TP reduce-scatter too (meshplan.compute.recompute.full_ac_replays_whole): the table's
+    backward tp reduce-scatters 241 -> 321 a micro-batch, each 256 MiB (8 x 16,384 tokens x 8192 x 2 B
+    over tp 8) at 0.65957 ms, on the compute stream: exposed tp and the step + 80 layers x 16
+    micro-batches x 0.65957 ms = 0.8443 s (on int without nc52fixC 170.005 -> 170.849 s); Megatron-LM's
+    side already replayed it.)
+    (Both, the merge: the two add, each in its own part: torch's contention 4.094 s and exposed cp
+    44.448 s as on the branch (the replays lie in exposed tp, not beside the network collectives' kernels),
+    its step 170.005 + 0.8443 + 4.080 - 3.263 = 171.66 s; Megatron-LM's 84.97 s, the branch's.)"""
     from meshplan.compare.kernels import choice_seconds
     from meshplan.config import config_from_dict
     from meshplan.schedule.workload import chunk_costs, workload_of
@@ -582,10 +591,12 @@ def test_framework_kernel_choices_itemise_compute():
     b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh}))
     c = compare(a, b, names=("torch", "megatron"))
     pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
-    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (170.8, 85.0)  # 170.0, 82.3 before nc52fixC; 153.9 before NIC sharing; 162.3 before nic49; 81.2 before te_ring; 82.4 before testreams
     slow = [c.a.step.contention_s(), c.b.step.contention_s()]
+    tp_rs = next(r for r in a.stage(0).collectives if r.axis == "tp" and (r.phase, r.op) == ("backward", "reduce-scatter"))
+    assert tp_rs.per_microbatch == 321 and round(tp_rs.time_s * 1e3, 5) == 0.65957
     assert [round(x, 3) for x in slow] == [4.094, 3.249]
-    assert c.a.step_s == pytest.approx(170.005 + (slow[0] - 0.014) + (pa["exposed cp"] - 47.711), abs=2e-3)
+    assert c.a.step_s == pytest.approx(170.005 + 80 * 16 * tp_rs.time_s + (slow[0] - 0.014) + (pa["exposed cp"] - 47.711), abs=2e-3)
+    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (171.7, 85.0)  # 170.0 before es50 and nc52fixC; 153.9 before NIC sharing; 162.3 before nic49; 81.2 before te_ring; 82.4 before testreams
     assert "exposed cp" not in pb and 16384 * 1 * 256 * 2 == 8 * 2 ** 20
     assert round(pa["exposed cp"], 1) == 44.4  # 47.7 before nc52fixC, 3.3 s under all-gather CP's rows, 31.7 before NIC sharing, 40.2 before nic49
     # nic49 (docstring): the forward's FSDP all-gather and cp K/V gather, the backward's three, by hand
@@ -602,7 +613,7 @@ def test_framework_kernel_choices_itemise_compute():
     main_bwd = 6.977 + 4.306 + 10.0 - (6.977 + 4.306) * kv
     assert round(main_bwd, 3) == 15.278 and round(8.5646 - 1.587, 2) == 6.98   # the cp gather 1.587 ms after the RS start
     assert round(16 * (79 * 1.156 + 1.554 + 78 * 4.716 + 5.176 + 5.519 + 7.46) - (17.698 - 10.504), 0) \
-        == round((170.005 - 162.350) * 1e3, 0) == 7655   # torch's step before nc52fixC
+        == round((170.005 - 162.350) * 1e3, 0) == 7655   # torch's step before es50 and nc52fixC
     assert round(1 - 200_570_880 / 50e9 / 4.3058e-3, 4) == 0.0684 < 0.5  # the NIC leaves a send less than its half
     assert round(0.1874 / (0.5 / (8 * 2 ** 20 / 50e9 / 0.1874e-3)), 3) == 0.336
     assert round(pb["compute"] - pa["compute"], 1) == -40.7  # -39.25 + (2.645 - 4.080): nc52fixC's contention

@@ -17,7 +17,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.comm_times import CommTimes
-from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.backward_pass import backward_unit
+from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config

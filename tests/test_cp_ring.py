@@ -14,7 +14,8 @@ from meshplan.plan import build_plan
 from meshplan.schedule.comm_streams import comm_kind
 from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.netload import network_loads
-from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.backward_pass import backward_unit
+from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.spec.training import TrainingSpec

@@ -113,7 +113,8 @@ def test_expert_gathers_are_prefetched_beside_the_layers(plan):
     2.7052 ms after the head (1.5173 before: the head's reduce-scatter then took its fair half without
     slowing the gather)."""
     from meshplan.schedule.comm_times import nic_share
-    from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+    from meshplan.schedule.backward_pass import backward_unit
+    from meshplan.schedule.rank_timeline import forward_unit
     from meshplan.schedule.steptime import step_time
     from meshplan.schedule.unit_sim import Overlap
     from meshplan.schedule.workload import chunk_costs, workload_of
@@ -154,7 +155,7 @@ def test_the_experts_reductions_are_named_as_their_gathers(plan):
     does FSDP2's copy-in before it on the compute stream: per layer (Mixtral's 32, all MoE) one
     ``efsdp AG L<i>``, one ``efsdp RS L<i>``, one ``efsdp RS copy-in L<i>``; the layers' other
     parameters and the embedding's and head's units keep ``fsdp RS ...`` on the fsdp track."""
-    from meshplan.schedule.rank_timeline import backward_unit
+    from meshplan.schedule.backward_pass import backward_unit
     from meshplan.schedule.steptime import step_time
     from meshplan.schedule.unit_sim import Overlap
     from meshplan.schedule.workload import chunk_costs, workload_of

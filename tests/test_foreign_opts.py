@@ -13,7 +13,7 @@ from meshplan.interop.common import ImportOptions
 from tests.cli_run import run_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-NAMES = ("fmt", "cluster", "nodes", "gpu", "model", "seq_len", "micro_batch", "grad_accum")
+NAMES = ("fmt", "cluster", "nodes", "gpu", "model", "seq_len", "micro_batch", "grad_accum", "dtype")
 
 
 def test_options_are_import_options_fields_after_format():

@@ -117,7 +117,7 @@ def _with(cluster: dict, world: int) -> dict:
 
 
 def test_readme_cluster_examples_parse():
-    fabric, inline, four_nic = _readme_clusters()  # four_nic: tests/test_newcomer32.py
+    fabric, inline, four_nic, roce = _readme_clusters()  # four_nic: tests/test_newcomer32.py
     c = config_from_dict(_with(fabric, 32)).cluster
     a100 = catalog.system("dgx-a100", nodes=4)
     assert (c.node.fabric.bandwidth_gb_per_s, c.node.fabric.nccl_channels, c.world) == (200.0, 24, 32)
@@ -125,6 +125,10 @@ def test_readme_cluster_examples_parse():
     assert "A800" in c.node.fabric.source
     c = config_from_dict(_with(inline, 2)).cluster
     assert (c.gpu.name, c.world, c.node.fabric.bandwidth_gb_per_s, c.node.nics[0].gpus) == ("my-gpu", 2, 200.0, [0, 1])
+    c = config_from_dict(_with(roce, 1536)).cluster  # RoCE NICs (tests/test_newcomer52b.py): dgx-h200's, relabelled
+    h200 = catalog.node("dgx-h200")
+    assert [n.transport for n in c.node.nics] == ["roce"] * 8 and c.node.busbw == h200.busbw and c.world == 1536
+    assert [n.model_copy(update={"transport": "infiniband"}) for n in c.node.nics] == h200.nics
 
 
 def test_fabric_override_keeps_the_rest_and_refuses_bad_keys():

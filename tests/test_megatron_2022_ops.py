@@ -265,7 +265,7 @@ def test_comm_delay_kernel_after_each_async_collective_launch():
     8 B each, at the 4.7 us issue floor. The SP one before the dgrad runs in the column-parallel
     input-gradient segment of the timeline (after the re-gather is launched)."""
     from meshplan.schedule.layer_timeline import _ops_by_block
-    from meshplan.schedule.rank_timeline import COLUMN_PARALLEL_DGRAD
+    from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD
 
     def delays(cost):
         return sorted((o.block, o.phase, o.seconds) for o in cost.ops if "delay" in o.name)
@@ -359,7 +359,8 @@ def test_embedding_dropout_backward_is_on_the_timeline():
     gradient and the 1 B mask, write the gradient (2 + 1 + 2 B: 15,728,640 B, 9.25 us at Triad),
     in the first stage's first chunk's backward unit, before the gradient's all-gather over tp."""
     from meshplan.schedule.comm_times import nccl_sm_share
-    from meshplan.schedule.rank_timeline import CommTimes, backward_unit
+    from meshplan.schedule.backward_pass import backward_unit
+    from meshplan.schedule.comm_times import CommTimes
     from meshplan.schedule.steptime import config_overlap
 
     plan = plan_of(True)
@@ -381,7 +382,8 @@ def test_output_layer_backward_overlaps_its_collective_as_a_column_parallel_line
     once per micro-batch on the last stage (stage 7 vs the middle stage 1, same 12 layers), and the
     timeline issues it before the column B part and the reduce-scatter with the head's W."""
     from meshplan.schedule.comm_times import nccl_sm_share
-    from meshplan.schedule.rank_timeline import CommTimes, backward_unit
+    from meshplan.schedule.backward_pass import backward_unit
+    from meshplan.schedule.comm_times import CommTimes
     from meshplan.schedule.steptime import config_overlap
 
     plan = plan_of(True)

@@ -329,7 +329,7 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     post = {s: {e.name: e.end_s - e.start_s for e in st.post_events if e.stage == 0} for s, st in
             (("on", st_on), ("off", st_off))}
     tp_norms = sum(r.time_s for r in off.stage(0).collectives if r.axis == "tp" and r.phase == "step")
-    assert post["off"]["grad reduce (per step)"] == pytest.approx(rs.time_s, rel=1e-9)
+    assert post["off"]["grad reduce: reduce-scatter (per step)"] == pytest.approx(rs.time_s, rel=1e-9)
     assert post["off"]["param all-gather (per step)"] == pytest.approx(ag.time_s, rel=1e-9)
     # SP's coalesced norm-gradient all-reduce (0.04 ms) runs over tp beside them, exposed as tp
     assert post["off"]["grad reduce: all-reduce (per step)"] == pytest.approx(tp_norms, rel=1e-9)
@@ -337,7 +337,7 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     # off by hand: the whole buffer in one call each, 4 B (fp32) reduced and 2 B (bf16) gathered: 144.71 ms
     off_hand = ndr_ring_s(2, 1, 4 * numel) + ndr_ring_s(2, 1, 2 * numel)
     assert rs.time_s + ag.time_s == pytest.approx(off_hand, rel=1e-9) and round(off_hand * 1e3, 2) == 144.71
-    assert "grad reduce (per step)" not in post["on"]
+    assert "grad reduce: reduce-scatter (per step)" not in post["on"]
     f0 = min((e for e in st_on.pipeline.events if e.stage == 0 and e.name.startswith("F0.")), key=lambda e: e.start_s)
     gather = post["on"]["param all-gather (per step)"]
     emb, layer = 129_024 * 8192 // 8, (8192 * 8192 * 2 + 8192 * 1024 * 2) // 8 + 3 * 8192 * 28672 // 8 + 2 * 8192

@@ -265,17 +265,28 @@ def test_the_flag_list_is_megatrons_and_holds_what_meshplan_reads():
     (its name before af28b5a) and Megatron-DeepSpeed's --deepspeed, --zero-stage and the switch
     --no-pipeline-parallel (meshplan/interop/megatron_deepspeed.py; --checkpoint-activations is still in
     Megatron-LM's parser), and BigScience's fork's --pp-partition-method (bigscience-workshop/Megatron-DeepSpeed
-    megatron/arguments.py:578: DeepSpeed's partition method of GPTModelPipe, read since the BLOOM audit)."""
+    megatron/arguments.py:578: DeepSpeed's partition method of GPTModelPipe, read since the BLOOM audit);
+    newcomer trial 52: microsoft/Megatron-DeepSpeed f4157be's own model flags (megatron/arguments.py:623-652:
+    --num-key-value-heads, --rotary-position-embeddings-theta, --layernorm-epsilon; those refused when they
+    shape the model otherwise, --num-experts-switch, --ds-sequence-parallel-size, DeepSpeed-MoE's --topk,
+    --expert-interval and --mlp-type) and its flash switches (927-935: --use-flash-attn-v1, -v2, -triton,
+    -builder), each in its parser's list (tools/megatron_deepspeed_flag_list.py)."""
     import tomllib
     from meshplan.interop.megatron import SWITCHES, USED
     from meshplan.interop.megatron_known import megatron_flags
     doc = tomllib.loads((EXAMPLES.parent / "meshplan" / "interop" / "megatron_flag_list.toml").read_text())
     assert "d98e8a64dd" in doc["source"] and len(doc["flags"]) == 877 == len(megatron_flags())
     assert set(doc["switches"]) <= set(doc["flags"])
+    from meshplan.interop.megatron_deepspeed_args import mds_flags
+    mds = {"--num-key-value-heads", "--rotary-position-embeddings-theta", "--layernorm-epsilon", "--num-experts-switch",
+           "--ds-sequence-parallel-size", "--topk", "--expert-interval", "--mlp-type", "--use-flash-attn-v1",
+           "--use-flash-attn-v2", "--use-flash-attn-triton", "--use-flash-attn-builder"}
+    assert mds <= mds_flags()[0]
     assert USED - megatron_flags() == {"--nnodes", "--use-custom-fsdp", "--deepspeed", "--zero-stage",
-                                       "--no-pipeline-parallel", "--pp-partition-method"}
+                                       "--no-pipeline-parallel", "--pp-partition-method"} | mds
     assert SWITCHES - set(doc["switches"]) == {"--standalone", "--use-custom-fsdp", "--deepspeed",
-                                               "--no-pipeline-parallel"}
+                                               "--no-pipeline-parallel", "--use-flash-attn-v1", "--use-flash-attn-v2",
+                                               "--use-flash-attn-triton", "--use-flash-attn-builder"}
 
 
 # --------------------------------------------------------------------------- #5 wording

@@ -66,13 +66,26 @@ def test_top_3_and_top_10_list_the_same_first_3_rows():
     1 against 1 of 4: fewer gathers, less time beside them), row 1; pp 4 x dp_shard 4 (its FSDP groups
     inside a node, NVLink) 66.5 ms unchanged, row 2; pp 2 x dp_shard 4 x tp 2 at vpp 2 (dp_shard inside
     a node too) 70.4 ms, row 3, ahead of the HSDP row, now 72.6 ms. The first three rows are still the
-    same at both cuts.)"""
+    same at both cuts.)
+    (es51: torchtitan's full AC replays each layer's closing tp reduce-scatter, early_stop=False: on int
+    without nc52fixC dp_shard 8 x tp 2's mb 4 full recompute kept-gathered setting, 7th at 72.44 ms, was
+    73.70 ms (read from the model: 2 micro-batches x 8 layers, one more reduce-scatter each), and rows 1-3
+    unchanged. Merged (both; read from the model, each row's step the search's): rows 1-3 the branch's;
+    the two full-recompute meshes with tp 2 replay it and move down one row each: dp_shard 8 x tp 2 mb 4
+    full kept gathered 73.5 -> 74.7 ms (+1.2 ms, int's +1.26 ms at the branch's 0.1 ms rounding), 7th ->
+    8th behind pp 2 x dp_replicate 2 x dp_shard 4 vpp 4 (73.5 ms, no tp: unchanged), and dp_replicate 2
+    x dp_shard 4 x tp 2 mb 4 full 74.2 -> 75.5 ms, 9th -> 10th behind pp 2 x dp_shard 4 x cp 2 (74.1 ms,
+    no tp: unchanged).)"""
     want = [("dp_shard 16, mb 4, full, vpp 1, zero3", 58.2),
             ("pp 4 x dp_shard 4, mb 1, none, vpp 1, zero3, short end stages", 66.5),
             ("pp 2 x dp_shard 4 x tp 2, mb 1, none, vpp 2, zero3", 70.4)]
     ten = _rows(10)
     assert _rows(3) == ten[:3] == want
     assert ("dp_replicate 2 x dp_shard 8, mb 1, full, vpp 1, hsdp, keep gathered", 72.6) in ten[3:]
+    assert ten[6:] == [("pp 2 x dp_replicate 2 x dp_shard 4, mb 1, full, vpp 4, hsdp", 73.5),
+                       ("dp_shard 8 x tp 2, mb 4, full, vpp 1, zero3, keep gathered", 74.7),
+                       ("pp 2 x dp_shard 4 x cp 2, mb 1, none, vpp 1, zero3", 74.1),
+                       ("dp_replicate 2 x dp_shard 4 x tp 2, mb 4, full, vpp 1, hsdp", 75.5)]
 
 
 def _write(tmp_path, top: int, **search_kw) -> object:

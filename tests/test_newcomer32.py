@@ -88,9 +88,10 @@ def test_compare_names_every_differing_workload_field(tmp_path):
 
 def _four_nic_cluster() -> str:
     """docs/input.md's example of a node the catalog lacks (8 A100 40GB, 4 HDR NICs, one per GPU
-    pair: newcomer 32's nodes), as the docs give it (the third of the docs' [cluster] examples)."""
+    pair: newcomer 32's nodes), as the docs give it (the third of the docs' [cluster] examples; the fourth,
+    RoCE NICs, is tests/test_h800.py's)."""
     blocks = re.findall(r"```toml\n(\[cluster\].*?)```", docs_text(), re.S)
-    assert len(blocks) == 3 and "4 HDR NICs" in blocks[2]
+    assert len(blocks) == 4 and "4 HDR NICs" in blocks[2]
     return blocks[2]
 
 

@@ -211,15 +211,18 @@ def test_fsdp_only_no_reshard_layernorm():
     })
 
 
-def test_full_recompute_replays_all_but_the_last_collective_of_a_layer():
-    # non-reentrant checkpoint stops recomputing once the saved tensors are rebuilt, so the
-    # layer's last reduce-scatter (after w_down) is not replayed: +2 all-gathers, +1 RS per layer
+def test_full_recompute_replays_every_collective_of_a_layer():
+    # torchtitan wraps each block in non-reentrant checkpoint with early_stop=False (238fa99
+    # activation_checkpoint.py 45/135/154, b5bcd76 180/285), as the runtime model does
+    # (runtime/execution/model.py): the replay runs the whole block, so the layer's closing
+    # reduce-scatter (after w_down) is replayed too (with early_stop it stopped once the saved
+    # tensors were rebuilt, one short): +2 all-gathers, +2 reduce-scatters per layer, 2 layers
     tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=1, **dict(FP32, recompute="full"))
     run = dry_run(TINY, tr, mesh_of(("dp_shard", "tp"), (4, 2), sp=True), rank=3)
     t = tally(run, "backward")
     act = 16 * 64 * 4
     assert t[("backward", "all-gather", (2, 3), act, "fp32")] == 5 + 2 * 2
-    assert t[("backward", "reduce-scatter", (2, 3), act, "fp32")] == 5 + 1 * 2
+    assert t[("backward", "reduce-scatter", (2, 3), act, "fp32")] == 5 + 2 * 2
     assert t[("backward", "all-gather", (1, 3, 5, 7), 18560 * 4, "fp32")] == 2  # no extra FSDP gather
 
 

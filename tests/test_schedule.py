@@ -145,7 +145,8 @@ def test_trace_is_chrome_json_and_written_atomically(tmp_path):
 from meshplan import catalog  # noqa: E402
 from meshplan.compute.layer import layer_cost  # noqa: E402
 from meshplan.compute.ops import Workload  # noqa: E402
-from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit  # noqa: E402
+from meshplan.schedule.backward_pass import backward_unit  # noqa: E402
+from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, forward_unit  # noqa: E402
 
 GPU = catalog.gpu("h100-sxm5-80gb")
 MODEL = catalog.model("llama3-8b")

@@ -13,7 +13,8 @@ from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.schedule.comm_streams import comm_kind
 from meshplan.schedule.comm_times import CommTimes
-from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.backward_pass import backward_unit
+from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.comm_times import CP_PACKED, shard_group
 from meshplan.spec.axes.cp import P2P_PACKED
@@ -376,14 +377,15 @@ def test_megatron_moe_ep1_tp_timeline_issues_the_tp_collectives_the_table_counts
         assert {s: [table_counts(plan, s, ("tp",))[("tp", "", *k)] for k in keys] for s in range(2)} == by_hand
 
 
-@pytest.mark.parametrize("recompute,replayed", [("full", (32, 28)), ("op", (32, 0))])
+@pytest.mark.parametrize("recompute,replayed", [("full", (32, 44)), ("op", (32, 0))])
 def test_moe_ep1_tp_replay_issues_the_tp_collectives_the_table_counts(recompute, replayed):
     """The same MoE at pp 1 (dp_shard 2 x tp 2, SP, a shared expert, m 4), checkpointed: the
     timeline replays a layer's forward with the forward rows, the table counts the replay in
     backward, so the calls per op agree summed over both phases. By hand, the replay's calls of
-    (all-gather, reduce-scatter) per step: full AC replays all but a layer's last collective,
-    AG 2 x 4 layers x 4 = 32 and RS 4 x (dense 1 + MoE 2 x 3 layers) = 28 (one of the two MoE
-    reduce-scatters); op-level AC the all-gathers only, 32 and 0."""
+    (all-gather, reduce-scatter) per step: eager full AC replays every collective of the layer
+    (torchtitan's ``early_stop=False``, meshplan.compute.recompute.full_ac_replays_whole), AG 2 x 4
+    layers x 4 = 32 and RS 4 x (dense 2 + MoE 3 x 3 layers) = 44 (was 28 = 4 x (1 + 2 x 3) when the
+    replay stopped before a layer's closing reduce-scatter); op-level AC the all-gathers only, 32 and 0."""
     mesh = {"names": ["dp_shard", "tp"], "shape": [2, 2], "world": 4, "sequence_parallel": True}
     plan = plan_of(mesh, model=dict(MOE, shared_experts=1), global_batch=8, recompute=recompute)
     table, timeline = table_counts(plan, 0, ("tp",)), timeline_counts(step_time(plan), 0, ("tp",))

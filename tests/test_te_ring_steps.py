@@ -15,7 +15,8 @@ import pytest
 from meshplan.compute.te_ring import backward_calls, backward_kernels, forward_kernels
 from meshplan.compute.ring_attention import ring_calls
 from meshplan.schedule.comm_times import CommTimes
-from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.backward_pass import backward_unit
+from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import Overlap
 from tests.test_cp_p2p import _one_layer
 

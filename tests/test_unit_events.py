@@ -82,7 +82,9 @@ def test_the_unit_pass_iteration_could_not_settle_runs_once(monkeypatch):
     all-gathers, the HSDP all-reduces, the experts' efsdp collectives) slow each other. nicshare4's
     pass iteration issued such a unit again with the last pass's intervals as a forecast and jumped
     between schedules (589/591/675/591/717/590 ms, one backward unit); the event-ordered run builds
-    and plays every unit once (one StreamSim a unit) and gives the same step on a second plan."""
+    and plays every unit once (one StreamSim a unit) and gives the same step on a second plan.
+    Units are built by :func:`~meshplan.schedule.rank_timeline.forward_unit` and
+    :func:`~meshplan.schedule.backward_pass.backward_unit`: ``simulate`` is counted in both."""
     made = []
     real = unit_sim.StreamSim
 
@@ -98,8 +100,9 @@ def test_the_unit_pass_iteration_could_not_settle_runs_once(monkeypatch):
     def simulate_(build, comm, w, ov):
         calls.append(1)
         return real_sim(build, comm, w, ov)
-    from meshplan.schedule import rank_timeline
+    from meshplan.schedule import backward_pass, rank_timeline
     monkeypatch.setattr(rank_timeline, "simulate", simulate_)
+    monkeypatch.setattr(backward_pass, "simulate", simulate_)
     st = step_time(build_plan(_mixtral_hsdp()))
     assert calls and len(made) == len(calls)
     monkeypatch.undo()

@@ -17,7 +17,7 @@ import math
 import pytest
 
 from meshplan.schedule.comm_times import CommTimes
-from meshplan.schedule.rank_timeline import backward_unit
+from meshplan.schedule.backward_pass import backward_unit
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.workload import chunk_costs, workload_of

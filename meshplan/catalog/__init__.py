@@ -189,6 +189,16 @@ def busbw_curve(name: str) -> BusbwCurve:
     return _build(BusbwCurve, "busbw curve", name, copy.deepcopy(_curves()[name]))
 
 
+def curve_name(curve: BusbwCurve) -> Optional[str]:
+    """The name of the ``nccl.toml`` curve equal to ``curve`` (None when it is none of them: a
+    user's own table or a calibrated one).
+
+    >>> curve_name(busbw_curve("ib-ndr-400-8nic")), curve_name(busbw_curve("ib-ndr-400-8nic").model_copy(update={"ranks": 4}))
+    ('ib-ndr-400-8nic', None)
+    """
+    return next((n for n in sorted(_curves()) if busbw_curve(n) == curve), None)
+
+
 def node(name: str) -> NodeSpec:
     """A catalog node (without its GPU model; see :func:`system`), its ``busbw`` curve names
     resolved from ``nccl.toml``."""
@@ -201,6 +211,22 @@ def network(name: str) -> list[NetworkTier]:
     """The tiers of a catalog network, innermost (rail/leaf) first."""
     tiers = entry("network", name)["tiers"]
     return [_build(NetworkTier, "network", name, t) for t in tiers]
+
+
+def network_assumed(name: str) -> tuple[str, ...]:
+    """The tier values of catalog network ``name`` that its source does not give, each
+    ``"tier.field"`` (the entry's ``assumed`` list, networks.toml's header): what ``meshplan catalog
+    network`` marks "(assumed)". A name that is no tier's field is a ConfigError (a catalog error).
+
+    >>> network_assumed("seed-rails"), network_assumed("superpod-hdr-su20")
+    (('leaf.nodes_per_domain', 'leaf.oversubscription', 'spine.oversubscription'), ())
+    """
+    e = entry("network", name)
+    fields = {f"{t['name']}.{k}" for t in e["tiers"] for k in NetworkTier.model_fields if k != "name"}
+    bad = [a for a in e.get("assumed", []) if a not in fields]
+    if bad:
+        raise ConfigError("network", f"catalog network '{name}': assumed names {bad[0]!r}, no tier's field")
+    return tuple(e.get("assumed", []))
 
 
 def model(name: str) -> ModelSpec:

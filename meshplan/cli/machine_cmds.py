@@ -37,17 +37,29 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
                 json_path: Optional[Path] = _json_option("catalog"),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """List the built-in catalog entries of KIND: each one's values (scalars, and a table's scalars
-    inline), then its sources; a model also its total parameters and, for an MoE model, the active ones (a
+    inline; a network's tiers, each value its source does not give marked '(assumed)'), then its sources; a model also its total parameters and, for an MoE model, the active ones (a
     token's: attention, norms, router, top-k routed and shared experts). --json has every field."""
 
     _refuse_existing(json_path, force, "--json")
     for name in catalog.names(kind):
         entry = catalog.entry(kind, name)
-        _echo(f"{name}: {_catalog_values(entry)}")
+        _echo(f"{name}: {_catalog_values({k: v for k, v in entry.items() if k != 'assumed'})}")
         if kind == "model":
             _echo(f"  params: {_param_words(catalog.model(name))}")
+        if kind == "network":
+            _echo(f"  tiers: {_tier_words(entry['tiers'], catalog.network_assumed(name))}")
         _echo(f"  source: {entry.get('source', '')}")
     _write_doc(json_path, catalog_doc(kind, {n: catalog.entry(kind, n) for n in catalog.names(kind)}), force)
+
+
+def _tier_words(tiers: list[dict], assumed: tuple[str, ...]) -> str:
+    """A catalog network's tiers, innermost first, each value marked "(assumed)" where the entry
+    lists it so (:func:`meshplan.catalog.network_assumed`): ``leaf latency_us 14, oversubscription 1
+    (assumed), nodes_per_domain 0 (assumed); ...``."""
+    def one(t: dict) -> str:
+        return t["name"] + " " + ", ".join(f"{k} {v:g}" + (" (assumed)" if f"{t['name']}.{k}" in assumed else "")
+                                           for k, v in t.items() if k != "name")
+    return "; ".join(one(t) for t in tiers)
 
 
 def _param_words(m) -> str:
@@ -109,7 +121,9 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     all-gather and reduce-scatter; an alltoall_perf run all-to-all; a sendrecv_perf run send/recv; an op no file
     measures keeps the catalog's curve (send/recv beside a ring fit scaled by the measured over the catalog busbw of
     the fitted pattern); on nvlink and pcie an op with a run of its own is timed on that run, the fit setting the
-    others; an all-to-all or per-op run at its own fitted alpha. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
+    others; an all-to-all or per-op run at its own fitted alpha. Of several runs per class one fit is kept, whatever
+    the files' order: a ring op's, all-reduce first, then the slowest; on nic the ring runs of different ops (one busbw)
+    are rivals too, and a 'nic: kept ...; dropped ...' line names each with its fitted busbw per NIC. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
     whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth."""
 
     fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system, op)  # before --out's errors

@@ -85,7 +85,9 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          calibration: CalibrationOpt = None,
          kernels: KernelsOpt = None,
          foreign: Foreign = Foreign()):
-    """Plan one mesh: constraints (the capacity row of the plan's own sharding and recompute from its memory
+    """Plan one mesh (under training.framework megatron a 'megatron runtime:' line under the header names the
+    Megatron-LM generation modelled, the other one and the key: training.megatron_runtime; --json megatron_runtime):
+    constraints (the capacity row of the plan's own sharding and recompute from its memory
     timeline, the others first estimates), degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes). A mesh over
     memory exits 1 with a 'fix:' line: the knobs re-planned (grad_accumulation sync from no_sync, recompute full,

@@ -10,6 +10,7 @@ import typer
 
 from meshplan.cli.common import (
     CONFIG_HELP,
+    CalibrationOpt,
     KernelsOpt,
     _echo,
     _exit_infeasible,
@@ -20,11 +21,11 @@ from meshplan.cli.common import (
     _write_doc,
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
-from meshplan.cli.loading import _kernels_note, _load
+from meshplan.cli.loading import _calibrated, _calibration, _kernels_note, _load
 from meshplan.errors import ConfigError, check_number
 from meshplan.plan import Infeasible
 from meshplan.plan_runtime import run_reasons
-from meshplan.reliability import JobInterval, reliability as rel, storage_default_note
+from meshplan.reliability import DEFAULT_RATE_PER_GPU_DAY, job_interval, reliability as rel, storage_default_note
 from meshplan.report.json_docs import envelope, reliability_doc
 from meshplan.restart import checkpoint_engine, engine_rules, plan_evaluator, restart_on_fewer_nodes
 from meshplan.schedule.steptime import step_time
@@ -32,10 +33,6 @@ from meshplan.schedule.unit_sim import Overlap
 from meshplan.spec.accuracy import REMESH_MARGIN
 from meshplan.spec.search import ASSUMED_RESTART_OVERHEAD_S, LLAMA3_STORAGE_GB_PER_S, checkpoint_inputs_words
 
-
-#: The field that gave the job's checkpoint interval, by the config's origin (Config.origin).
-INTERVAL_SOURCE = {"torchtitan": "checkpoint.interval", "megatron": "--save-interval",
-                   "": "reliability.checkpoint_interval_steps"}
 
 
 def _check_storage(write_gbps: float, read_gbps: float, rank_gbps: Optional[float], restart_overhead_s: float) -> None:
@@ -85,13 +82,20 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                "restart that cannot run makes the command exit 1"),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available: they replace lost "
                                                                          "nodes first (the same mesh)"),
+                gpu_failure_rate: float = typer.Option(
+                    DEFAULT_RATE_PER_GPU_DAY, "--gpu-failure-rate",
+                    help="unexpected job interruptions per GPU-day (default 4.74e-4: the Llama 3 paper, arXiv "
+                         "2407.21783 3.3.4, 419 in 54 days on 16,384 H100); the job's rate is it x GPUs"),
+                calibration: CalibrationOpt = None,
                 json_path: Optional[Path] = _json_option("reliability"),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
                 kernels: KernelsOpt = None,
                 foreign: Foreign = Foreign()):
     """Failure domains, interruptions per day, checkpoint size and interval (the job's own beside the
     optimum, when the config says it), goodput, restart. Storage bandwidths and restart overhead left out
-    take search's defaults, named on an 'inputs:' line with their source."""
+    take search's defaults, named on an 'inputs:' line with their source. --gpu-failure-rate sets the
+    interruptions per GPU-day (default Llama 3's 4.74e-4); --calibration (as step's) times the plan and the
+    restart meshes with the calibrated links."""
 
     defaults = [flag for flag, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) if v is None]
     write_gbps, read_gbps, restart_overhead_s, inputs = _storage_inputs(write_gbps, read_gbps, restart_overhead_s)
@@ -100,21 +104,22 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     lost_nodes = 1 if lost_nodes is None else lost_nodes
     check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
     check_number("--spare-nodes", spare_nodes, 0, 10 ** 7, "nodes")
+    check_number("--gpu-failure-rate", gpu_failure_rate, 1e-9, 1.0, "per GPU-day",
+                 "above 0 (an MTBF) and at most one interruption per GPU a day")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels)
+    p = _load(config, calibration=calibration, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels)
+    cal = _calibration(calibration, p.config.cluster)  # prints its header line, as step's
     _kernels_note(p.config.cluster)  # the restart meshes' tokens/s are timed with them
     if isinstance(p, Infeasible):
-        _write_doc(json_path, envelope("reliability", p), force)
+        _write_doc(json_path, _calibrated(envelope("reliability", p), cal), force)
         _exit_infeasible(p)
     if lost_nodes > p.config.cluster.nodes:
         nodes = p.config.cluster.nodes
         raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {nodes} node{'s' * (nodes != 1)}")
     before = step_time(p, Overlap())  # the throughput a restart loses is against the plan's own step
-    steps = p.config.checkpoint_interval_steps
-    job = JobInterval(steps, before.step_s, INTERVAL_SOURCE.get(p.config.origin, INTERVAL_SOURCE[""])) \
-        if steps else None
+    job = job_interval(p.config, before.step_s)
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
-            restart_overhead_s=restart_overhead_s,
+            restart_overhead_s=restart_overhead_s, rate_per_gpu_day=gpu_failure_rate,
             per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None, job=job)
     note = [storage_default_note(p.config.cluster, defaults)] if defaults else []
     for line in ([inputs] if inputs else []) + note + r.lines():
@@ -122,7 +127,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     rs = _restart(p, lost_nodes, spare_nodes, before)
     for line in rs.lines():
         _echo(line)
-    _write_doc(json_path, reliability_doc(p, r, rs), force)
+    _write_doc(json_path, _calibrated(reliability_doc(p, r, rs), cal), force)
     _verdict_exit(p)
     if not rs.feasible and asked:  # the restart asked for is a verdict too: no GPU or no mesh left is exit 1
         _infeasible(rs, f"restart after losing {lost_nodes} of {p.config.cluster.nodes} nodes ({spare_nodes} spare)")

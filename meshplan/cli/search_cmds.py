@@ -70,7 +70,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
                 kernels: KernelsOpt = None,
                 topology: TopologyOpt = None):
     """Compare two plans of one workload side by side and keep the rejected one's evidence. Both configs share the
-    model, the cluster and the workload's [training] fields (batch, sequence, dtypes); the mesh and the plan's knobs
+    model, the same cluster (another is refused: run step on each to compare clusters) and the workload's [training]
+    fields (batch, sequence, dtypes); the mesh and the plan's knobs
     (micro_batch, recompute, sharding, reshard_after_forward, tp_comm_overlap, float8 linear_dtype, schedule, virtual stages ...) may
     differ, each differing knob shown as a row. The verdict is the search's order through the search's own key: a plan
     that fits beats one that does not; a step shorter by more than 1% wins; within 1%, fewer axes, then lower

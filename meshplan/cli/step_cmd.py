@@ -27,12 +27,14 @@ from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
 from meshplan.cli.schedule_opt import layer_split, refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
+from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.routing import balance_note
 from meshplan.compute.table_use import as_json as table_json, table_use
-from meshplan.comm.calibration_notes import uncalibrated_note
-from meshplan.errors import ConfigError
+from meshplan.comm.calibration_notes import roce_note, uncalibrated_note
+from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
+from meshplan.reliability import configured_reliability, job_interval, train_time
 from meshplan.interop.keymaps import keymap_of
 from meshplan.plan_fix import memory_fix
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
@@ -43,7 +45,7 @@ from meshplan.schedule.reshard_note import reshard_default_note
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
-from meshplan.schedule.linkload import edge_loads, p2p_calls, timings
+from meshplan.schedule.linkload import edge_loads, p2p_calls, step_rows, timings
 from meshplan.schedule.netload import pxn_line
 from meshplan.schedule.nic_sharing import concurrent_lines
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
@@ -90,6 +92,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                                         "config's mesh.pp_schedule before the plan's "
                                                                         "rules (micro-batches, virtual stages, memory); "
                                                                         "at pp 1 a note says it changes nothing"),
+         tokens: Optional[float] = typer.Option(None, "--tokens", help="tokens to train (15e12): a 'train time:' line, "
+                                                "their days at the step's tokens/s and at meshplan reliability's "
+                                                "goodput ([search] storage and restart; the job's checkpoint interval "
+                                                "where the config gives it); --json train_time, seconds"),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
          calibration: CalibrationOpt = None,
@@ -103,7 +109,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per token (its dense formula, or
     get_moe_model_nparams_and_flops for an MoE or MLA model), tps and bf16 peak; --json torchtitan_mfu, null otherwise; under framework megatron, 'Megatron-LM's
     --log-throughput formula: X TFLOP/s/GPU', what its log's throughput per GPU would read; --json
-    megatron_throughput_flops_per_s, null otherwise); how much of the
+    megatron_throughput_flops_per_s, null otherwise, and a 'megatron runtime:' line: the Megatron-LM generation the step
+    models, 2022 (2755bcb; training.megatron_runtime unset) or core (d98e8a6), what the other differs in, the key, and
+    what the config asks for that 2022 lacks (RoPE, SwiGLU, GQA, --overlap-grad-reduce, TE, fp8...); --json
+    megatron_runtime); how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or
@@ -119,7 +128,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     step or more, a 'hint:' line with the bubble's knobs re-planned (interleaved virtual stages 2 and 4, half the
     micro-batch, the zero-bubble schedules zb_h1, zbv and dualpipev under torch, pp / 2 with the data axis doubled),
     the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
-    nothing when none helps. Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
+    when none helps, a 'note: no bubble hint' line naming each knob tried and why it was dropped (its peak
+    where it does not fit, its step where it is not more than 1% shorter, refused or infeasible). Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
     'hint:' line with it re-planned as the framework runs it (torch: with torch_compile, which async TP needs),
     shown only when that step is more than 1% shorter, else a 'note: no tp hint' line with the re-plan's step and
     why (a foreign CONFIG's 'hint:' and 'fix:' lines name its own keys where it has them). Where the ep group spans
@@ -147,8 +157,11 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     beside its all-gathers; --json nic_sharing_s), or 'nothing charged'. A mesh that does not fit exits 1
     with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
     the step was timed with (the catalog's, or --kernels files laid over it, and --gemm-table's file with how many of
-    the plan's GEMM shapes it timed)."""
+    the plan's GEMM shapes it timed); with RoCEv2 NICs ([cluster] nic = { transport = "roce" }) a note: how they are
+    timed (the node's InfiniBand curve read against their line rate, an assumption) and how to calibrate them."""
 
+    if tokens is not None:
+        check_number("--tokens", tokens, 1.0, 1e18, "tokens")
     schedule = _refuse_step_options(schedule, trace, json_path, force)
     p = _load(config, topology, calibration=calibration, fmt=foreign.fmt, opts=foreign.options(),
               kernels=kernels, schedule=schedule)  # the plan's rules judge --schedule's schedule
@@ -172,6 +185,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     for line in st.lines():
         _echo(line)
     _echo(mfu_caveat())  # once, under the MFU line: predicted, with the measured error by setting
+    if (mg := runtime_followed(p.config.model, p.config.training)) is not None:
+        _echo(mg["line"])  # the Megatron-LM generation the step models
+    days = _train_time(p, st, tokens)
     for line in plan_warnings(p):  # tight, and the measured-error setting it lies in (as plan and its page)
         _echo(line)
     _echo_balance(p)
@@ -193,7 +209,17 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     if trace:
         _wrote(st.write_trace(trace, force=force))
     doc = _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal)
-    _write_doc(json_path, {**doc, "kernels": kd}, force)
+    _write_doc(json_path, {**doc, "kernels": kd, "train_time": days.fields() if days else None}, force)
+
+
+def _train_time(p, st, tokens: Optional[float]):
+    """--tokens' :class:`~meshplan.reliability.TrainTime` at ``st``'s tokens/s, its line printed
+    (None without --tokens)."""
+    if tokens is None:
+        return None
+    days = train_time(tokens, st.tokens_per_s, configured_reliability(p, job_interval(p.config, st.step_s)))
+    _echo(days.line(p.config.search.goodput_words().split(": ", 1)[1]))
+    return days
 
 
 def _refuse_step_options(schedule: Optional[str], trace: Optional[Path], json_path: Optional[Path],
@@ -227,9 +253,10 @@ def _exit_would_be(p, st, json_path: Optional[Path], doc: dict, force: bool) -> 
 
 
 def _echo_kernels(p, kd: dict, use) -> None:
-    """The uncalibrated-link note, the kernels' line and a --gemm-table's line and warnings."""
-    if uncalibrated_note(p.config.cluster):
-        _echo(uncalibrated_note(p.config.cluster))
+    """The uncalibrated-link and RoCE notes, the kernels' line and a --gemm-table's line and warnings."""
+    for note in (uncalibrated_note(p.config.cluster), roce_note(p.config.cluster)):
+        if note:
+            _echo(note)
     _echo(kd["line"])
     if use is not None:
         _echo(kd["gemm_table"]["line"])
@@ -337,10 +364,12 @@ def _print_links(p, st, step_fn) -> None:
           "dK/dV shift (send/recv) runs beside the SDPA step after it, whose end is its deadline, and each layer's "
           "last shift, waited for at once, is in the parts line's exposed cp; under Transformer Engine's p2p ring "
           "(Megatron-LM's) each K/V or dK/dV send/recv runs beside the attention step it precedes, whose end is its "
-          "deadline)")
+          "deadline; a step row names the plan rows it stands for by their cadence, 'rows:')")
     for t in timings(st):
+        rows = step_rows(p, t)
         _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
-                   f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (issued {t.issued})" if t.issued else ""))
+                   f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (rows: {rows})" if rows else "")
+              + (f"  (issued {t.issued})" if t.issued else ""))
     if sends := p2p_calls(st):
         _echo(f"  not listed: pp send/recv between stages (stage 0 sends {sends} per schedule run): counted in the "
               f"parts line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)")

@@ -16,8 +16,10 @@ catalog's.
 
 Per link class, one alpha-beta fit (:func:`~meshplan.comm.linkfit.fit_alpha_beta`) per
 file; the class keeps the all-reduce fit when there is one (as ``bench comm`` does), and of
-several the slowest bus bandwidth (a collective over every rail waits for the slowest NIC);
-its ``source`` names that file, and a note names each dropped file with its fit and why.
+several the slowest bus bandwidth (a collective over every rail waits for the slowest NIC), the
+files' order playing no part but between equal fits;
+its ``source`` names that file, and a note names each dropped file with its fit and why (on
+``nic`` every ring run, of any ring op, is a rival: one fit times the three ring ops).
 Each file also gives its measured curve (:func:`measured_curve`: busbw at every logged size,
 per op, rank count and node count), written beside the fit as ``[[link.<class>.curve]]``
 (:mod:`meshplan.comm.calibration`), so ``--calibration`` reads the logged sizes off the
@@ -220,9 +222,11 @@ def _kept_class(cls: str, candidates: list[tuple[LinkFit, str, str, int, int]],
             or candidates)  # a ring fit sets the class's rate; the other ops' runs their own (curves)
     fit, source, name, per_node, nics = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
     notes = []
-    rivals = [c for c in pool if cls == "nic" or c[0].op == fit.op]  # nvlink, pcie: other ops from their own runs
+    # nic: every ring run, the all-reduce's pool or not (one busbw for the three ops); nvlink, pcie: the fit's op
+    # alone (other ops are timed on their own runs, calibration_kinds.own_runs)
+    rivals = [c for c in candidates if c[0].op == fit.op or (cls == "nic" and {c[0].op, fit.op} <= set(RING_OPS))]
     if len(rivals) > 1:
-        notes.append(_kept_note(cls, (fit, name), rivals, pool))
+        notes.append(_kept_note(cls, (fit, name), rivals))
     given = (per_node, nics) if asked is not None and per_node > 1 else None
     notes += [w for w in [nic_warning(fit, name, system, given)] if w]
     kept = [measured_curve(r, k, read_rate(fit.bandwidth_bytes_per_s / GB, per, r[0].op, r[0].n_ranks, k, cls),
@@ -232,19 +236,39 @@ def _kept_class(cls: str, candidates: list[tuple[LinkFit, str, str, int, int]],
     return fit, source, curves, nics if cls == "nic" and nics != per_node else None, notes
 
 
-def _kept_note(cls: str, kept: tuple[LinkFit, str], candidates: list, pool: list) -> str:
+def _kept_note(cls: str, kept: tuple[LinkFit, str], candidates: list) -> str:
     """``nvlink: kept a.txt (all-reduce 180.20 GB/s); dropped b.txt (all-gather 170.00 GB/s: the
     all-reduce fit is kept where there is one, as bench comm does), c.txt (all-reduce 190.00
-    GB/s: faster than the kept one; a collective over every link waits for the slowest)``."""
+    GB/s: faster than the kept one; a collective over every link waits for the slowest)``. On
+    ``nic`` each fit with its ranks and hosts (per NIC), and a dropped run of another ring op says by
+    how much it differs and that its curve times nothing (newcomer trial 51: an all_gather_perf log
+    over 4 hosts beside an all_reduce_perf one over 2, 36.34 against 37.32 GB/s per NIC)."""
     dropped = []
-    for fit, _, name, *_ in candidates:
+    for fit, _, name, per_node, _ in candidates:
         if name == kept[1] and fit is kept[0]:
             continue
         why = ("the all-reduce fit is kept where there is one, as bench comm does" if fit.op != kept[0].op
                and kept[0].op == "all-reduce" else "faster than the kept one; a collective over every link waits "
                "for the slowest")
         if cls == "nic" and fit.op != kept[0].op:  # its curve is written, but the kept fit times the ring ops
-            why += (f"; its curve is written to the file but times nothing: {kept[1]}'s fit and curve time "
-                    f"all-reduce, all-gather and reduce-scatter across nodes")
-        dropped.append(f"{name} ({fit_gbs(fit)}: {why})")
-    return f"{cls}: kept {kept[1]} ({fit_gbs(kept[0])}); dropped " + ", ".join(dropped)
+            diff = fit.bandwidth_bytes_per_s / kept[0].bandwidth_bytes_per_s - 1
+            why += (f"; {diff:+.1%} against it; NCCL runs the three ring ops on one ring, one busbw (nccl-tests "
+                    f"doc/PERFORMANCE.md), so one fit times them: its curve is written to the file but times "
+                    f"nothing: {kept[1]}'s fit and curve time all-reduce, all-gather and reduce-scatter across "
+                    f"nodes; to time them from {name}, pass it without {kept[1]}")
+        dropped.append(f"{name} ({_fit_words(cls, fit, per_node)}: {why})")
+    mine = next(c[3] for c in candidates if c[0] is kept[0])
+    return f"{cls}: kept {kept[1]} ({_fit_words(cls, kept[0], mine)}); dropped " + ", ".join(dropped)
+
+
+def _fit_words(cls: str, fit: LinkFit, per_node: int) -> str:
+    """A fit as :func:`_kept_note` names it: :func:`~meshplan.comm.calibrate_nics.fit_gbs`, on ``nic``
+    with its ranks and hosts (``per_node`` ranks each) and ``per NIC``.
+
+    >>> _fit_words("nic", LinkFit("nic", "all-reduce", 16, 60.3e-6, 37.32e9, 0.0, 0.0, 62), 8)
+    'all-reduce over 16 ranks on 2 hosts, 37.32 GB/s per NIC'
+    """
+    if cls != "nic":
+        return fit_gbs(fit)
+    return (f"{fit.op} over {fit.n_ranks} ranks on {fit.n_ranks // max(per_node, 1)} hosts, "
+            f"{fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s per NIC")

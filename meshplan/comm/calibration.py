@@ -289,36 +289,17 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     catalog's. A ``nic`` table without curves (a file of before them) is applied as before: its
     fit sets every op. An ``nvlink`` or ``pcie`` table's logged runs of ops other than its fit's set
     those ops, each on its own curve at its own fitted alpha (:func:`_own_op_curves`)."""
-    for name, c in calib.items():
-        if c.backend == "gloo" and cluster.collective_library != "gloo":
-            raise ConfigError(f"--calibration: link.{name}", f"measured with gloo ({GLOO_MEDIUM.get(name, 'TCP')}, "
-                              f"{c.bandwidth_gb_per_s:g} GB/s), not with {cluster.collective_library} on the "
-                              f"{cluster.name} {name}; calibrate the GPUs (nccl-tests + meshplan calibrate, or bench "
-                              "comm on a GPU host) or plan a gloo cluster")
-    node, tag = cluster.node, "calibrated: {}"
-    upd: dict[str, Any] = {}
-    dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic", "p2p", "nic1")}
+    _refuse_gloo(cluster, calib)
+    node = cluster.node
     per_op = {k: v for k, v in calib.items() if k == "nic" and v.curve}  # new files: each op from its own run
     calib = {k: v for k, v in calib.items() if k not in per_op or v.op in RING_OPS}  # what sets rate and latency
-    gone = {c for name in calib for c in dropped.get(name, ())}
-    upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}
-    if "nic" in per_op and node.nics:  # all-to-all (and send/recv) from the file's own runs of them
-        upd["busbw"].update(op_curves(per_op["nic"], node, "nic" in calib))
-    for name, c in calib.items():  # read against the class's calibrated rate (the fit's beta)
-        curve = c.fitted_curve() if name in dropped else None
-        if curve is not None:  # a nic curve of k ranks per node ran on k (or nics_per_node) NICs of a node
-            line = read_rate(c.bandwidth_gb_per_s, c.split_nics(curve), curve.op, curve.ranks, curve.nodes, name)
-            upd["busbw"][name] = curve.read_at(line, calibrated=True)
-        upd["busbw"].update(_own_op_curves(name, c, node))
-        upd["busbw"].update(_nvls_ring_curves(name, c, node))
-    if "nic" in calib and node.nics:  # the NIC patterns the fit did not measure (calibration_kinds)
-        upd["busbw"].update(_other_nic_curves(calib["nic"], upd["busbw"].get("nic"), node))
+    upd: dict[str, Any] = {"busbw": _calibrated_curves(node, calib, per_op)}
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
         if name in calib:
             c = calib[name]
             upd[field] = getattr(node, field).model_copy(update={
                 "bandwidth_gb_per_s": c.bandwidth_gb_per_s, "latency_us": c.step_latency_us,
-                "calibrated": True, "source": tag.format(c.source)})
+                "calibrated": True, "source": f"calibrated: {c.source}"})
     network = cluster.network
     if "nic" in calib:
         c = calib["nic"]
@@ -330,6 +311,40 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     sources = "; ".join(f"{k}: {v.source}" for k, v in {**per_op, **calib}.items())
     return cluster.model_copy(update={"node": node.model_copy(update=upd), "network": network,
                                       "source": f"{cluster.source} (calibrated: {sources})".strip()})
+
+
+def _refuse_gloo(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> None:
+    """ConfigError for a link class measured with gloo (``backend = "gloo"``) on a cluster whose
+    collective library is not gloo, naming the table."""
+    for name, c in calib.items():
+        if c.backend == "gloo" and cluster.collective_library != "gloo":
+            raise ConfigError(f"--calibration: link.{name}", f"measured with gloo ({GLOO_MEDIUM.get(name, 'TCP')}, "
+                              f"{c.bandwidth_gb_per_s:g} GB/s), not with {cluster.collective_library} on the "
+                              f"{cluster.name} {name}; calibrate the GPUs (nccl-tests + meshplan calibrate, or bench "
+                              "comm on a GPU host) or plan a gloo cluster")
+
+
+def _calibrated_curves(node, calib: dict[str, CalibratedLink], per_op: dict[str, CalibratedLink]) -> dict[str, BusbwCurve]:
+    """The node's busbw curves after :func:`apply_calibration`: the calibrated classes' catalog
+    curves dropped ("nvlink" and "nvls" for nvlink; "nic", "p2p" and "nic1" for nic); a ``per_op``
+    nic table's own ops (:func:`op_curves`); each class's fitted run's curve read against its
+    calibrated rate, its other ops' own curves and NVLS ring curves; the NIC patterns the fit did
+    not measure (:mod:`meshplan.comm.calibration_kinds`)."""
+    dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic", "p2p", "nic1")}
+    gone = {c for name in calib for c in dropped.get(name, ())}
+    busbw = {k: v for k, v in node.busbw.items() if k not in gone}
+    if "nic" in per_op and node.nics:  # all-to-all (and send/recv) from the file's own runs of them
+        busbw.update(op_curves(per_op["nic"], node, "nic" in calib))
+    for name, c in calib.items():  # read against the class's calibrated rate (the fit's beta)
+        curve = c.fitted_curve() if name in dropped else None
+        if curve is not None:  # a nic curve of k ranks per node ran on k (or nics_per_node) NICs of a node
+            line = read_rate(c.bandwidth_gb_per_s, c.split_nics(curve), curve.op, curve.ranks, curve.nodes, name)
+            busbw[name] = curve.read_at(line, calibrated=True)
+        busbw.update(_own_op_curves(name, c, node))
+        busbw.update(_nvls_ring_curves(name, c, node))
+    if "nic" in calib and node.nics:  # the NIC patterns the fit did not measure (calibration_kinds)
+        busbw.update(_other_nic_curves(calib["nic"], busbw.get("nic"), node))
+    return busbw
 
 
 def op_curves(c: CalibratedLink, node, ring: bool) -> dict[str, BusbwCurve]:

@@ -335,3 +335,42 @@ def uncalibrated_note(cluster: ClusterSpec) -> Optional[str]:
     return (f"note: links uncalibrated: {node.name} {' and '.join(missing)} {verb} no measured busbw curve in the "
             "catalog (catalog/nccl.toml), so collectives on them run at line rate, an upper bound; measure them with "
             "nccl-tests and pass --calibration (meshplan calibrate)")
+
+
+def roce_note(cluster: ClusterSpec) -> Optional[str]:
+    """The note step prints for RoCEv2 NICs (``NICSpec.transport = "roce"``) whose ``nic`` class
+    no ``--calibration`` fit measured: they are timed on the node's ``nic`` curve, measured on
+    InfiniBand where it is a catalog curve (every one in ``catalog/nccl.toml`` is), read against
+    the NICs' own line rate (:func:`meshplan.comm.alphabeta.measured_time`: its busbw over its
+    line, times this rate), or at line rate without a curve; no public nccl-tests size sweep over
+    RoCEv2 was found (shared/reference/public-microbenchmarks.md: "RoCE none"), so no RoCE
+    efficiency is assumed. None for InfiniBand NICs, one node, or a calibrated NIC class.
+
+    >>> from meshplan.catalog import system
+    >>> c = system("dgx-h200", nodes=2)
+    >>> roce_note(c) is None
+    True
+    >>> nics = [n.model_copy(update={"transport": "roce"}) for n in c.node.nics]
+    >>> print(roce_note(c.model_copy(update={"node": c.node.model_copy(update={"nics": nics})})))  # doctest: +NORMALIZE_WHITESPACE
+    note: NICs RoCEv2 (400 Gb/s): timed on catalog curve ib-ndr-400-8nic, measured on InfiniBand (376 of 400 GB/s
+    busbw at 8.00 GiB, 94%), read against their line rate: an assumption, as no public nccl-tests sweep over RoCEv2 was
+    found; measure all_reduce_perf (and all_gather_perf) across 2 or more of your nodes and pass --calibration
+    (meshplan calibrate)
+    """
+    node = cluster.node
+    roce = [n for n in node.nics if n.transport == "roce"]
+    if not roce or cluster.nodes < 2 or (cluster.network and cluster.network[0].calibrated):
+        return None
+    curve = node.busbw.get("nic")
+    name = catalog.curve_name(curve) if curve is not None else None
+    if curve is None:
+        how = "at line rate (the node has no nic curve), an upper bound"
+    elif name is None:
+        how = "on the node's own nic curve (its source says what it was measured on), read against their line rate"
+    else:
+        how = (f"on catalog curve {name}, measured on InfiniBand ({curve.busbw_gb_per_s[-1]:g} of "
+               f"{curve.line_gb_per_s:g} GB/s busbw at {human_bytes(curve.sizes_bytes[-1])}, "
+               f"{curve.busbw_gb_per_s[-1] / curve.line_gb_per_s:.0%}), read against their line rate: an assumption, "
+               f"as no public nccl-tests sweep over RoCEv2 was found")
+    return (f"note: NICs RoCEv2 ({roce[0].rate_gbit_per_s:g} Gb/s): timed {how}; measure all_reduce_perf (and "
+            f"all_gather_perf) across 2 or more of your nodes and pass --calibration (meshplan calibrate)")

@@ -39,8 +39,13 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
 
-#: Cadence of Megatron-LM 2022's coalesced all-reduce of the SP norm gradients (one per step).
-SP_NORM_COALESCED_CADENCE = "once per step (Megatron SP norm and row-parallel bias gradients, coalesced)"
+#: Cadence of Megatron-LM 2022's coalesced all-reduce of the SP norm gradients (one per step):
+#: ``allreduce_layernorm_grads`` (NVIDIA/Megatron-LM 2755bcb megatron/optimizer/optimizer.py 270-290),
+#: the first of ``reduce_model_grads`` (293-310; distrib_optimizer.py 522-541 under ZeRO-1), before
+#: the data-parallel reduction; today ``_allreduce_non_tensor_model_parallel_grads`` (d98e8a6
+#: megatron/core/distributed/finalize_model_grads.py 416-474). Step's readiness table prints it.
+SP_NORM_COALESCED_CADENCE = ("once per step (Megatron-LM's allreduce_layernorm_grads: the sequence-parallel norm "
+                             "and row-parallel bias weight gradients over tp, coalesced)")
 
 
 #: All-reduces over tp of one Partial (sum) DTensor gradient in one Adam/AdamW step without FSDP,

@@ -65,7 +65,8 @@ from meshplan.compute.batch_input import (BROADCAST_GROUPS, CORE_CADENCES, CORE_
 from meshplan.compute.asynctp import te_fp8_gathers
 from meshplan.compute.dtensor_sp import float8_tp, fp8_tp_gathers
 from meshplan.compute.megatron_core import embedding_reduce_scatter
-from meshplan.compute.ops import Workload, float8_gemms
+from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
+from meshplan.compute.recompute import full_ac_replays_whole
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_tp_ops
@@ -97,13 +98,21 @@ def tp_rows(add, c: StageContext) -> None:
         _loss_rows(add, c)
 
 
+def _replays_whole(c: StageContext) -> bool:
+    """Whether a fully checkpointed layer's replay re-runs its closing TP collective
+    (:func:`meshplan.compute.recompute.full_ac_replays_whole`: Megatron-LM, and eager torch with
+    torchtitan's ``early_stop=False``)."""
+    kinds = framework_kernels(c.training)  # the workload's own megatron_ops and torch_eager
+    return c.training.framework == "megatron" or full_ac_replays_whole(kinds["megatron_ops"], kinds["torch_eager"])
+
+
 def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
     """(forward, backward) tp collectives of one layer, forward in issue order (backward: the
     forward's mirror, then Megatron's re-gathers with SP); ``+``: the
-    routed outputs' all-gather (no SP). torch's full recompute replays the forward up to the layer's
-    last saved tensor: all but its last collective, or all when the layer ends in the routed
+    routed outputs' all-gather (no SP). Compiled torch's full recompute replays the forward up to the
+    layer's last saved tensor: all but its last collective, or all when the layer ends in the routed
     experts (SP, no shared experts: the gate multiply saves the combine's output); Megatron-LM's
-    ``CheckpointFunction`` re-runs the whole layer: all
+    ``CheckpointFunction`` and eager torch (torchtitan's ``early_stop=False``) re-run the whole layer: all
     (:func:`meshplan.compute.recompute.full_ac_not_replayed`, the timeline's
     :func:`meshplan.schedule.layer_timeline.replay_scatters`). torchtitan's
     op-level AC (``recompute = "op"``, planned with SP) saves the reduce-scatters' outputs but not
@@ -121,7 +130,7 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
         fwd = part + mlp  # torchtitan at ep 1: like a dense MLP
         bwd = [_MIRROR[o] for o in fwd]
         if c.layer_recomputed(c.layers.index(layer)):
-            bwd += fwd[:-1]
+            bwd += fwd if _replays_whole(c) else fwd[:-1]
         elif c.training.recompute == "op" and sp:
             bwd += [o for o in fwd if o == "all-gather"]
         return fwd, bwd
@@ -133,7 +142,7 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
         # (schedule/layer_timeline._block_backward; not where B and W are separate units)
         bwd += ["all-gather"] * (1 if moe else 2)
     if c.layer_recomputed(c.layers.index(layer)):
-        bwd += fwd if (moe and sp and not m.shared_experts) or fw == "megatron" else fwd[:-1]
+        bwd += fwd if (moe and sp and not m.shared_experts) or _replays_whole(c) else fwd[:-1]
     elif c.training.recompute == "op" and sp:
         bwd += [o for o in fwd if o == "all-gather"]
     elif c.training.recompute == "selective":  # Megatron-LM's mlp, moe, shared_experts modules

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from meshplan.compute.ops import Workload
+from meshplan.compute.ops import MDS_KERNELS, Workload
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.units import MS
 
@@ -97,8 +97,9 @@ def attention_kernel(side) -> str:
 def _value(side, field: str) -> str:
     """A choice's value on ``side``: the attention kernel by name (and whose), else on/off."""
     if field == "attention_kernels":
-        who = ("torch's scaled_dot_product_attention" if workload_of(side.plan).attention_kernels
-               else "Transformer Engine's fused attention")
+        kernels = workload_of(side.plan).attention_kernels
+        who = ("Megatron-DeepSpeed's flash-attn 2 (--use-flash-attn-v2)" if kernels == MDS_KERNELS
+               else "torch's scaled_dot_product_attention" if kernels else "Transformer Engine's fused attention")
         return f"{attention_kernel(side)} ({who})"
     v: Any = getattr(workload_of(side.plan), field)
     if field == "async_tp":  # the framework whose decomposition runs (meshplan.compute.asynctp)

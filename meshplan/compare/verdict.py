@@ -49,7 +49,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.search.rank import PAIR_RULE, decide
 from meshplan.search.tie_key import knob_words
-from meshplan.plan_fidelity import plan_setting_line
+from meshplan.plan_fidelity import plan_setting_line, plan_settings
 from meshplan.spec.accuracy import within_error
 from meshplan.memory.headroom import tight_warning
 from meshplan.spec.search import TIE, shorter_by
@@ -112,14 +112,16 @@ class Comparison:
     @property
     def caveat(self) -> str:
         """``; 2.8% shorter, within the model's 2.9% max error on the development set: measure both
-        before choosing`` where the step decided by less than that error
+        before choosing`` where the step decided by less than that error, or where either side lies
+        in a setting measured less well (the warning lines', :meth:`setting_lines`) by less than that
+        setting's mean |error|, named with its figures
         (:func:`meshplan.spec.accuracy.within_error`, :data:`~meshplan.spec.accuracy.FIDELITY`'s one
         home); "" otherwise (a plan that does not fit, a tie rule's criterion, a larger difference)."""
         if not self.decided_by.startswith("shorter step by more than"):
             return ""
         win, lose = (self.a, self.b) if self.winner == self.a.name else (self.b, self.a)
         shorter = shorter_by(_fit(win)[0], _fit(lose)[0])
-        words = within_error(shorter)
+        words = within_error(shorter, tuple(dict.fromkeys(plan_settings(win.plan) + plan_settings(lose.plan))))
         return f"; {shorter:.1%} shorter, {words}" if words else ""
 
 

@@ -67,32 +67,10 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
             raise ValueError(f"recompute {rc!r} is not one of {RECOMPUTE}")
     gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp, routing_options=w.routing,
                         framework=w.framework)  # Megatron-LM past the KV heads: 1/tp of wk and wv (tp_kv)
-    # copies of each KV head's projection: none under Megatron-LM's sub-sharding (qkv_local_features)
-    rep = 1 if qkv_gathered(w.framework, w.tp, model.n_kv_heads) else local_heads(model, w.tp)[2]
-    ops = []
-    qkv = fused_qkv_parts(gemms, w.fused_qkv)  # the parts step_gemms fuses
-    if qkv:
-        ops += qkv_fused_ops(gpu, qkv, w, table, {"wk": 1.0 / rep, "wv": 1.0 / rep})
-    for g in gemms:  # a replicated KV head, or MLA's replicated down projection, counts once in model FLOP
-        if g in qkv:
-            continue
-        scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0 / w.tp if g.name in MLA_REPLICATED else 1.0
-        ops += gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)
-    att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
-    # the attention's ops with selective recompute: its own ops, then their replay (appended last)
-    attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else \
-        score_ops(gpu, att, w, table, True, model.position_embedding == "alibi")
-    attn_plain = [o for o in attn_sel if not o.recompute]  # with torch CP's merges and fp32 gradient sums
-    # the core's replay merges again (torch's ring), corrects and fills TE's K/V buffer again (TE's p2p ring)
-    attn_sel = attn_sel + [replay(o) for o in attn_sel if o.phase == "forward" and o.name in REPLAYED_WITH_CORE]
-    rest = elementwise_ops(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
+    ops = _gemm_ops(model, gpu, w, gemms, table)
+    attn_sel, attn_plain = _attention_ops(model, gpu, w, table)
     moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)  # layer -1: the last layer's kind
-    rest += bias_ops(model, gpu, w, moe)
-    rest += [memory_op(gpu, name, block, phase, nb) for name, block, phase, nb in float8.layer_kernels(
-        model, w, gemms, dtype_bytes(w.dtype))]  # torchao's amax, casts and transposed copies
-    if w.megatron_ops:
-        rest += main_grad_hooks(model, gpu, w, layer)
-        rest += comm_delay_ops(gpu, w, ("attn",) if moe else ("attn", "mlp"))
+    rest = _other_ops(model, gpu, w, gemms, layer, moe)
     order = {b: i for i, b in enumerate(BLOCKS)}
     parts = layer_parts(w.recompute_modules, moe, model.is_mla)
     out = {}
@@ -108,6 +86,55 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
             every += op_replays(every, op_sac_replayed(model, moe, w.op_sac_policy))
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
     return out
+
+
+def _gemm_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm], table: Optional[GemmTable]) -> list[Op]:
+    """The layer's GEMM ops: the fused QKV's parts as one (:func:`~meshplan.compute.shapes.fused_qkv_parts`),
+    then every other GEMM. A KV head's projection copied on several ranks, or MLA's replicated down
+    projection, counts once in model FLOP (its scale: 1 / the copies of each KV head, none under
+    Megatron-LM's sub-sharding, ``qkv_local_features``; 1 / tp for MLA's)."""
+    # copies of each KV head's projection: none under Megatron-LM's sub-sharding (qkv_local_features)
+    rep = 1 if qkv_gathered(w.framework, w.tp, model.n_kv_heads) else local_heads(model, w.tp)[2]
+    ops = []
+    qkv = fused_qkv_parts(gemms, w.fused_qkv)  # the parts step_gemms fuses
+    if qkv:
+        ops += qkv_fused_ops(gpu, qkv, w, table, {"wk": 1.0 / rep, "wv": 1.0 / rep})
+    for g in gemms:  # a replicated KV head, or MLA's replicated down projection, counts once in model FLOP
+        if g in qkv:
+            continue
+        scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0 / w.tp if g.name in MLA_REPLICATED else 1.0
+        ops += gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)
+    return ops
+
+
+def _attention_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmTable]) -> tuple[list[Op], list[Op]]:
+    """(the attention core's ops with selective recompute: its own, then their replay, appended last,
+    with the forward kernels a ring's replayed core runs again, :data:`REPLAYED_WITH_CORE`; its ops
+    without: with torch CP's merges and fp32 gradient sums), flash or score-matrix attention
+    (:mod:`meshplan.compute.attention`)."""
+    att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
+    # the attention's ops with selective recompute: its own ops, then their replay (appended last)
+    attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else \
+        score_ops(gpu, att, w, table, True, model.position_embedding == "alibi")
+    attn_plain = [o for o in attn_sel if not o.recompute]  # with torch CP's merges and fp32 gradient sums
+    # the core's replay merges again (torch's ring), corrects and fills TE's K/V buffer again (TE's p2p ring)
+    attn_sel = attn_sel + [replay(o) for o in attn_sel if o.phase == "forward" and o.name in REPLAYED_WITH_CORE]
+    return attn_sel, attn_plain
+
+
+def _other_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm], layer: int, moe: bool) -> list[Op]:
+    """The layer's ops no recompute policy changes besides the GEMMs and the attention: the
+    memory-bound ops, torch's async-TP and SP layout kernels, the biases, torchao's float8 amax,
+    casts and transposed copies, and under Megatron-LM its main-gradient hooks and the delay kernel
+    after each async tp collective launch (attention only in an MoE layer)."""
+    rest = elementwise_ops(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
+    rest += bias_ops(model, gpu, w, moe)
+    rest += [memory_op(gpu, name, block, phase, nb) for name, block, phase, nb in float8.layer_kernels(
+        model, w, gemms, dtype_bytes(w.dtype))]  # torchao's amax, casts and transposed copies
+    if w.megatron_ops:
+        rest += main_grad_hooks(model, gpu, w, layer)
+        rest += comm_delay_ops(gpu, w, ("attn",) if moe else ("attn", "mlp"))
+    return rest
 
 
 def op_replays(ops: list[Op], shares: dict[str, float]) -> list[Op]:

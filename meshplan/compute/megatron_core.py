@@ -68,3 +68,75 @@ def embedding_reduce_scatter(core: bool, sp: bool, learned_positions: bool) -> b
     (False, False)
     """
     return core and sp and not learned_positions
+
+
+#: The two generations' revisions and what the other differs in (items 1-4 above), as the
+#: runtime line prints them.
+GENERATIONS = {
+    "2022": ("Megatron-LM 2022 (NVIDIA/Megatron-LM 2755bcb, June 2022: the development set's runs)",
+             "get_batch with its mask kernels in every chunk on every stage, timer syncs, three syncs per "
+             "pipeline p2p call, the SP embedding all-reduced"),
+    "core": ("Megatron Core (NVIDIA/Megatron-LM d98e8a6)",
+             "get_batch on the first and last stages only, no mask kernels, no timer syncs, one sync per "
+             "blocking p2p call, the SP embedding reduce-scattered"),
+}
+
+
+def core_only_features(model, training) -> list[str]:
+    """What ``model`` and ``training`` ask for that Megatron-LM 2022 lacks: none of ``rotary``,
+    ``swiglu``, ``num-query-groups``, ``overlap-grad-reduce``, ``overlap-param-gather``, ``fp8``,
+    ``transformer_engine`` or ``tp-comm-overlap`` occurs under ``megatron/`` at NVIDIA/Megatron-LM
+    2755bcb (``git grep``); its distributed optimizer does (``--use-distributed-optimizer``,
+    ``megatron/arguments.py:785``), so ``sharding = "zero1"`` is not listed. Megatron FSDP is
+    core's too (``training.megatron_fsdp``).
+
+    >>> from meshplan.spec.model import ModelSpec
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> m = ModelSpec(name="m", layers=2, hidden=64, ffn=128, q_heads=8, kv_heads=2, vocab=128)
+    >>> core_only_features(m, TrainingSpec(global_batch=8, seq_len=16, framework="megatron",
+    ...                                    sharding="zero1", overlap_grad_reduce=True))
+    ['RoPE (--position-embedding-type rope)', 'SwiGLU (--swiglu)', 'GQA (--num-query-groups 2 of 8 heads)', '--overlap-grad-reduce']
+    """
+    t = training
+    asked = [("RoPE (--position-embedding-type rope)", model.position_embedding == "rope"),
+             ("SwiGLU (--swiglu)", model.gated_mlp),
+             (f"GQA (--num-query-groups {model.kv_heads} of {model.q_heads} heads)",
+              model.kv_heads is not None and model.kv_heads < model.q_heads),
+             ("--overlap-grad-reduce", t.overlap_grad_reduce), ("--overlap-param-gather", t.overlap_param_gather),
+             ("--tp-comm-overlap", t.tp_comm_overlap), ("fp8 (Transformer Engine)", t.linear_dtype == "fp8"),
+             ("Megatron FSDP", t.megatron_fsdp)]
+    return [name for name, on in asked if on]
+
+
+def runtime_followed(model, training) -> dict | None:
+    """Which Megatron-LM generation the plan and step model (``training.megatron_runtime``; None
+    off framework megatron): ``runtime`` ("2022" or "core"), ``set`` (False: unset, the default
+    2022), ``revision``, ``other`` (what the other generation does differently), the
+    Megatron-Core-only features the config asks for under 2022 (:func:`core_only_features`) and
+    ``line``, the one line plan and step print (the --json's ``megatron_runtime``).
+
+    >>> from meshplan.spec.model import ModelSpec
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> gpt = ModelSpec(name="g", layers=2, hidden=64, ffn=256, q_heads=8, vocab=128, gated_mlp=False,
+    ...                 position_embedding="learned", max_position=16)
+    >>> d = runtime_followed(gpt, TrainingSpec(global_batch=8, seq_len=16, framework="megatron"))
+    >>> d["runtime"], d["set"], d["core_only_features"]
+    ('2022', False, [])
+    >>> runtime_followed(gpt, TrainingSpec(global_batch=8, seq_len=16)) is None
+    True
+    """
+    if training.framework != "megatron":
+        return None
+    runtime = "core" if training.megatron_core else "2022"
+    other = "2022" if runtime == "core" else "core"
+    asked = core_only_features(model, training) if runtime == "2022" else []
+    how = f'training.megatron_runtime = "{runtime}"' if training.megatron_runtime else \
+        "training.megatron_runtime unset: the default"
+    line = (f"megatron runtime: {GENERATIONS[runtime][0]} ({how}); \"{other}\", {GENERATIONS[other][0]}, differs in: "
+            f"{GENERATIONS[other][1]}; set training.megatron_runtime = \"{other}\" to model it")
+    if asked:
+        line += (f"; this config asks for what Megatron-LM 2022 lacks ({', '.join(asked)}): today's Megatron-LM "
+                 f"runs it, so \"core\" is likely the runtime meant")
+    return {"runtime": runtime, "set": training.megatron_runtime is not None, "revision": GENERATIONS[runtime][0],
+            "other": {"runtime": other, "revision": GENERATIONS[other][0], "differs_in": GENERATIONS[other][1]},
+            "core_only_features": asked, "line": line}

@@ -315,7 +315,15 @@ def framework_kernels(training) -> dict:
     ``ScaledDotProductAttention`` orders the backends FLASH, EFFICIENT, MATH and puts cuDNN first
     only on compute capability 10.0, ``models/attention.py``), so FA2's published rates, not
     FA3's, on an H100; Megatron-LM keeps the catalog's order (Transformer Engine's fused
-    attention: FA3 where the catalog has it). One rule for the step model and the search's bound.
+    attention: FA3 where the catalog has it). Megatron-DeepSpeed
+    (:attr:`~meshplan.spec.training_engines.TrainingEngines.megatron_deepspeed`) runs no Transformer
+    Engine attention: its ``--use-flash-attn-v2`` calls ``flash_attn_varlen_func`` of the flash-attn
+    package's ``flash_attn.flash_attn_interface`` (microsoft/Megatron-DeepSpeed f4157be
+    ``megatron/model/transformer.py:50-55, 409``), FlashAttention-2 (Dao-AILab/flash-attention 0251105
+    ``flash_attn/flash_attn_interface.py:1391``; FlashAttention-3 is the separate ``flash_attn_3``
+    package built from ``hopper/``, ``hopper/setup.py:36``), so FA2's rates (:data:`MDS_KERNELS`; its
+    FlashAttention-1 and Triton switches are timed so too, for want of their rows).
+    One rule for the step model and the search's bound.
     ``framework`` itself rides along (the QKV widths past the KV heads, :class:`Workload`).
     torch without ``training.torch_compile`` runs its elementwise ops eagerly (``torch_eager``,
     :mod:`meshplan.compute.torch_eager`), and its norms kernel by kernel under ``training.torch_norm =
@@ -346,7 +354,8 @@ def framework_kernels(training) -> dict:
     # backward (compute.deepspeed_pipe)
     fp32_wgrad = megatron and training.grad_dtype == "fp32" and training.pp_engine != "deepspeed"
     return {"fused_qkv": training.fuses_qkv, "fp32_wgrad_accumulation": fp32_wgrad,
-            "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
+            "megatron_ops": megatron,
+            "attention_kernels": MDS_KERNELS if training.megatron_deepspeed else () if megatron else SDPA_KERNELS,
             "torch_eager": not megatron and not training.torch_compile,
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",
             "eager_loss": not megatron and not (training.torch_compile and training.torch_compile_loss),
@@ -388,3 +397,5 @@ def float8_gemms(model: ModelSpec, training) -> dict:
 #: fused attention), else its flash backend's published rates, FlashAttention-2
 #: (:func:`framework_kernels`).
 SDPA_KERNELS = ("SDPA", "FA2")
+#: The attention kernel Megatron-DeepSpeed's flash switches run (:func:`framework_kernels`): FlashAttention-2.
+MDS_KERNELS = ("FA2",)

@@ -44,42 +44,43 @@ OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 OP_SAC_NOT_REPLAYED = ("async-TP partial sum", asynctp.RESTRIDE, float8.AMAX, ring_attention.MERGE)
 
 
+def full_ac_replays_whole(megatron: bool, eager: bool) -> bool:
+    """Whether a fully checkpointed layer's replay re-runs its whole forward, its closing TP
+    collective too: under Megatron-LM (``megatron``: ``CheckpointFunction`` re-runs the layer), and
+    under torch uncompiled (``eager``): torchtitan wraps each block in ``ptd_checkpoint_wrapper``
+    (non-reentrant ``torch.utils.checkpoint``) with ``early_stop=False`` since 25413d2 (#1580, for
+    the MoE all-to-all): 238fa99 ``config/job_config.py`` line 675 ``early_stop: bool = False``, passed
+    at ``distributed/activation_checkpoint.py`` 45, 135, 154; b5bcd76 ``activation_checkpoint.py``
+    180 and 285 pass ``early_stop=False`` outright. Without early stop torch 2.13's
+    ``_checkpoint_hook`` runs the recompute to its end (``utils/checkpoint.py`` 1128-1131 raise
+    ``_StopRecomputationError`` only when ``target_frame.early_stop``). Compiled (torch, not
+    ``eager``) AOTAutograd's min-cut partitioner keeps in the backward graph only the recomputed nodes
+    the backward reads (:func:`full_ac_not_replayed`). The one rule of the layer's ops, the
+    timeline (:func:`meshplan.schedule.layer_timeline.replay_scatters`) and the collective table
+    (:func:`meshplan.comm.tp_rows._tp_layer_ops`)."""
+    return megatron or eager
+
+
 def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
-    """Forward ops of a dense layer that torch's full AC does not replay: what only feeds the
-    MLP's closing reduce-scatter, which the backward never needs (the block's output goes to the
-    next layer, and the reduce-scatter's and the residual add's backward need no saved tensor).
-    Eager (``torch_eager``): ``torch.utils.checkpoint`` non-reentrant stops the replay once the
-    last saved tensor is recomputed ("early stop", on by default; torchtitan 820504e's
-    ``ptd_checkpoint_wrapper``), after w_down's mm saved its input: w_down runs, its scatter's
-    layout copy and the reduce-scatter do not. Compiled: AOTAutograd's min-cut partitioner puts
-    in the backward graph only the recomputed nodes the backward reads, so w_down's GEMM, async
-    TP's partial sum after it and the copy go too. Megatron-LM's ``CheckpointFunction`` re-runs the
-    whole layer: nothing is left out. The timeline leaves the replayed MLP's closing collective
-    out likewise (:func:`meshplan.schedule.layer_timeline.replay_scatters`).
+    """Forward ops of a dense layer that torch's full AC does not replay, compiled: what only feeds
+    the MLP's closing reduce-scatter, which the backward never needs (the block's output goes to
+    the next layer, and the reduce-scatter's and the residual add's backward need no saved tensor):
+    AOTAutograd's min-cut partitioner puts in the backward graph only the recomputed nodes the
+    backward reads, so w_down's GEMM, async TP's partial sum after it and the scatter's layout copy
+    go. Eager torch (``torch_eager``; torchtitan's ``early_stop=False``) and Megatron-LM re-run the
+    whole layer (:func:`full_ac_replays_whole`): nothing is left out. The timeline leaves the
+    replayed MLP's closing collective out likewise (:func:`meshplan.schedule.layer_timeline.replay_scatters`).
+    (Before tt50 the eager replay was taken to stop early, after w_down: torch's default
+    ``early_stop=True``, which torchtitan turned off in 25413d2.)
 
-    Known divergence (tt50, not yet changed): torchtitan does not run torch's default early stop. It
-    wraps each block with ``ptd_checkpoint_wrapper(..., early_stop=False)`` since 25413d2 (#1580):
-    238fa99 ``config/job_config.py`` 675 ``early_stop: bool = False``, passed at
-    ``distributed/activation_checkpoint.py`` 45, 135, 154; b5bcd76 ``activation_checkpoint.py`` 180
-    and 285 pass False outright; torch 2.13 ``utils/checkpoint.py`` 1128-1131 stop early only when
-    it is set. So torchtitan's eager replay re-runs the whole block, the scatter's layout copy and the
-    MLP's closing reduce-scatter (or all-reduce) too. meshplan's own runtime
-    (``runtime/execution/model.py`` 204, ``pipelined_stage.py`` 82) calls ``checkpoint`` with the default
-    (early stop on), which tests/test_mla_tp.py checks the table against, so the two move together.
-    Measured on tt50's branch (reverted there): Llama-3-70B dp_shard 4 x tp 8 eager full AC on 4
-    dgx-h100 2963.4 -> 3057.2 ms; the compare test's 70B at 128k 162.3 -> 163.2 s (80 x 16 x 0.66 ms
-    replayed reduce-scatters).
-
-    >>> full_ac_not_replayed(Workload(seq_len=8, megatron_ops=True))
-    ()
-    >>> full_ac_not_replayed(Workload(seq_len=8, torch_eager=True))
-    ('SP layout copy (scatter, mlp)', 'async-TP partial sum (w_down)')
-    >>> full_ac_not_replayed(Workload(seq_len=8))[-1]
-    'w_down'
+    >>> full_ac_not_replayed(Workload(seq_len=8, megatron_ops=True)), full_ac_not_replayed(Workload(seq_len=8, torch_eager=True))
+    ((), ())
+    >>> full_ac_not_replayed(Workload(seq_len=8))
+    ('SP layout copy (scatter, mlp)', 'async-TP partial sum (w_down)', 'w_down')
     """
-    if w.megatron_ops:
+    if full_ac_replays_whole(w.megatron_ops, w.torch_eager):
         return ()
-    return ("SP layout copy (scatter, mlp)", "async-TP partial sum (w_down)") + (() if w.torch_eager else ("w_down",))
+    return ("SP layout copy (scatter, mlp)", "async-TP partial sum (w_down)", "w_down")
 
 
 #: The forward op of Megatron-LM's JIT'd bias-dropout-add (:func:`meshplan.compute.elementwise.elementwise_ops`).

@@ -71,6 +71,7 @@ from meshplan.interop.deepspeed_zero import (
     prefetch_memory,
     refuse_offload,
     runs_bf16_optimizer,
+    sub_group_note,
     zero3_training,
     zero12_training,
     zero_section,
@@ -241,6 +242,40 @@ def _batch_fix(g: int, m: int, a: int, dp: int) -> str:
 
 def read(d: dict, opts: ImportOptions) -> Imported:
     """meshplan tables of a parsed DeepSpeed config (module docstring)."""
+    model = _check_config(d, opts)
+    d, auto_line = fill_hidden(d, hidden_of(model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
+    d = fill_dtype(fill_batch(d, opts.micro_batch, opts.grad_accum), opts.dtype)
+    cluster, world = cluster_table(opts, "DeepSpeed")
+    stage = zero_stage(d)
+    global_batch, micro = batch(d, world)
+    dtype = model_dtype(d)
+    recompute, notes = _recompute(d)
+    notes += [auto_line] if auto_line else []
+    training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
+                                "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
+                                **_clip(d, notes), "recompute": recompute}
+    bf16_opt = runs_bf16_optimizer(d, stage, dtype)
+    training |= _engine_training(d, stage, dtype, bf16_opt, notes)
+    tables = {"model": model_option(model), "cluster": cluster, "training": training,
+              "mesh": {"names": [data_axis(training["sharding"])], "shape": [world]}}  # dp_shard where ZeRO-3 shards
+    used = USED | (ZERO12_USED if stage in (1, 2) and not bf16_opt else set()) | (
+        {"communication_data_type", "data_types.grad_accum_dtype"} if bf16_opt else set()) | (
+        {"data_types.grad_accum_dtype"} if stage in (1, 3) else set()) | (
+        ZERO3_USED if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
+    memory = _memory_table(d, stage, bf16_opt)
+    tables |= {"memory": memory} if memory else {}
+    tables["search"] = search_table(stage)
+    notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
+                 + ", ".join(f"{k} = {v!r}" for k, v in tables["search"].items()).replace("'", '"')
+                 + "); import it to a TOML and widen [search] to search other meshes")
+    unused = tuple(k for k in flatten(d) if k not in used)
+    return Imported("deepspeed", tables, unused, tuple(notes))
+
+
+def _check_config(d: dict, opts: ImportOptions) -> str:
+    """The model option (a catalog name or a config.json path); refuse what cannot be planned before reading ``d``: no ``--model`` or ``--seq-len`` (a DeepSpeed
+    config holds neither), a misspelt DeepSpeed key or field (a near miss of one meshplan reads),
+    an offloaded ZeRO state (:func:`~meshplan.interop.deepspeed_zero.refuse_offload`)."""
     if not opts.model:
         raise ConfigError("--model", "a DeepSpeed config does not name the model; give --model CATALOG_NAME or a "
                           "config.json path")
@@ -253,18 +288,15 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if field_typo is not None:
         raise field_typo
     refuse_offload(zero_section(d))
-    d, auto_line = fill_hidden(d, hidden_of(opts.model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
-    d = fill_dtype(fill_batch(d, opts.micro_batch, opts.grad_accum), opts.dtype)
-    cluster, world = cluster_table(opts, "DeepSpeed")
-    stage = zero_stage(d)
-    global_batch, micro = batch(d, world)
-    dtype = model_dtype(d)
-    recompute, notes = _recompute(d)
-    notes += [auto_line] if auto_line else []
-    training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
-                                "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
-                                **_clip(d, notes), "recompute": recompute}
-    bf16_opt = runs_bf16_optimizer(d, stage, dtype)
+    return opts.model
+
+
+def _engine_training(d: dict, stage: int, dtype: str, bf16_opt: bool, notes: list[str]) -> dict[str, Any]:
+    """The ``[training]`` keys of DeepSpeed's engine at ZeRO ``stage``: its BF16_Optimizer
+    (``bf16_opt``: ZeRO-1's sharding, fp32 gradients; a note), the engine without ZeRO (stage 0:
+    its search's rows run DeepSpeed's ZeRO, :func:`search_table`), ZeRO-1/2's keys, or ZeRO-3's
+    as DeepSpeed >= v0.5.5 runs it (a note naming the 2021 engine's setting)."""
+    training: dict[str, Any] = {}
     if bf16_opt:  # BF16_Optimizer: ZeRO-1's sharding, fp32 gradients (deepspeed_zero)
         training |= bf16_optimizer_training(d, dtype)
         notes.append("bf16 at ZeRO stage 0 (or stage 1 with grad_accum_dtype fp32) runs DeepSpeed's BF16_Optimizer: "
@@ -283,22 +315,20 @@ def read(d: dict, opts: ImportOptions) -> Imported:
                      "zero_optimization.contiguous_gradients, read into training.contiguous_gradients: absent, false, "
                      "v0.3.13's default, bucket all-reduces; true, the default from v0.4.3, a reduce-scatter per "
                      "gradient)")
-    tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
-              "mesh": {"names": [data_axis(training["sharding"])], "shape": [world]}}  # dp_shard where ZeRO-3 shards
-    used = USED | (ZERO12_USED if stage in (1, 2) and not bf16_opt else set()) | (
-        {"communication_data_type", "data_types.grad_accum_dtype"} if bf16_opt else set()) | (
-        {"data_types.grad_accum_dtype"} if stage in (1, 3) else set()) | (
-        ZERO3_USED if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
+        notes.append(sub_group_note(d["zero_optimization"]))
+    return training
+
+
+def _memory_table(d: dict, stage: int, bf16_opt: bool) -> dict[str, Any]:
+    """The ``[memory]`` keys of ``d``: the gradient bucket's elements under ZeRO-1/2 (not the
+    BF16_Optimizer's) and under ZeRO-3 where ``reduce_bucket_size`` is set, and ZeRO-3's parameter
+    coordinator's prefetch and live-parameter limits (memory.unit_events); {} where none."""
+    memory: dict[str, Any] = {}
     if (stage in (1, 2) and not bf16_opt) or (stage == 3 and d["zero_optimization"].get("reduce_bucket_size", "auto") != "auto"):
-        tables["memory"] = {"grad_bucket_elements": bucket_elements(d["zero_optimization"])}
+        memory = {"grad_bucket_elements": bucket_elements(d["zero_optimization"])}
     if stage == 3 and prefetch_memory(d["zero_optimization"]):  # DeepSpeed's parameter coordinator (memory.unit_events)
-        tables["memory"] = tables.get("memory", {}) | prefetch_memory(d["zero_optimization"])
-    tables["search"] = search_table(stage)
-    notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
-                 + ", ".join(f"{k} = {v!r}" for k, v in tables["search"].items()).replace("'", '"')
-                 + "); import it to a TOML and widen [search] to search other meshes")
-    unused = tuple(k for k in flatten(d) if k not in used)
-    return Imported("deepspeed", tables, unused, tuple(notes))
+        memory = memory | prefetch_memory(d["zero_optimization"])
+    return memory
 
 
 #: The ``[search]`` table of a DeepSpeed config: the meshes :func:`write` exports (one data

@@ -281,79 +281,124 @@ def _refusal(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[s
 def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
             warnings: tuple[str, ...] = (), refused: Mapping[str, Sequence[str]] | None = None,
             step_of: StepOf | None = None) -> tuple[str, list[str]]:
-    """:func:`export` without the suggestion of another target."""
+    """:func:`export` without the suggestion of another target: the header (the plan's source,
+    its warnings, what a carried file of another format holds that is not carried), the target's
+    file (:func:`_torchtitan_file`, :func:`_megatron_file`, :func:`_deepspeed_file`) and what its
+    re-import does not express (:func:`_lost_lines`)."""
     if refused and refused.get(to):
         raise ConfigError("--to", refused[to][0])  # it ends with what is refused (export_refusals)
     opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
     head += [f"warning: {w}" for w in warnings]
     source = user.name if user is not None and user.name else source  # the file carried from, as named
-    if user is not None and user.fmt != to and not (to == "meshplan" and cfg.source):  # [source] kept
-        _, names, label = CARRIERS[user.fmt]
-        doc = user.doc
-        if user.fmt == "torchtitan" and cfg.checkpoint_interval_steps and to in ("meshplan", "megatron"):
-            doc = without_interval(doc)  # carried as [reliability] or --save-interval
-        kept = names(doc)
-        if kept:
-            head.append(f"not carried to {to}: the {label} settings meshplan does not plan: {', '.join(kept)}")
+    head += _not_carried(cfg, to, user)
     if to == "meshplan":
         return dumps(meshplan_tables(cfg), tuple(head)), head
     head.append(_import_line(to, opts, cfg))
     if to == "torchtitan":
-        head.append(torchtitan_write.TARGET_NOTE)  # the torchtitan this file is for, and a newer one
-        tables, kept = torchtitan_carry.carried(user.doc, torchtitan_write.write(cfg)) if user is not None and \
-            user.fmt == to else (torchtitan_write.write(cfg), [])
-        tables, ac_notes = torchtitan_carry.kept_recompute(user.doc, tables, cfg) if user is not None and \
-            user.fmt == to else (tables, [])
-        spelling = user.float8 if user is not None and user.fmt == to else Float8Spelling.CURRENT
-        written = spelt(tables, spelling)  # the user's float8 names kept, the keys listed in them
-        if kept:
-            head.append(f"carried unchanged from {source}: {', '.join(spelt_key(k, spelling) for k in kept)}")
-        head += _rewritten(user and user._replace(doc=spelt(user.doc, spelling)), to, source, written)
-        head += ac_notes + torchtitan_write.write_notes(cfg, recompute_noted=bool(ac_notes)) \
-            + torchtitan_write.etp_note(written.get("parallelism", {}))
-        head += spelling_note(spelling, source) if written is not tables else []
-        head += torchtitan_write.unset_notes(written)  # the data and schedule no meshplan config holds
-        body = dumps(written)
-        again = torchtitan.read(tomllib.loads(body), Path("."), opts, torchtitan_write.flavors_back(cfg))
+        body, again, lines = _torchtitan_file(cfg, source, user, opts)
     elif to == "megatron":
-        off = megatron_carry.planned_off(cfg.training)  # a carried switch the plan keeps off is dropped
-        args, kept = megatron_carry.carried(user.doc, megatron.write(cfg), off) if user is not None and user.fmt == to \
-            else (megatron.write(cfg), [])
-        if kept:
-            head.append(f"carried unchanged from {source}: {', '.join(kept)}")
-        body = "\n".join(args) + "\n"
-        head += _rewritten(user, to, source, megatron.parse_args(body), megatron_carry.rewritten_args)
-        head += megatron.write_notes(cfg) + carried_env(user.env if user and user.fmt == to else (), source)
-        again = megatron.read(body, opts)
+        body, again, lines = _megatron_file(cfg, source, user, opts)
         cfg = megatron.exported_model(cfg)  # its --max-position-embeddings raised to the sequence (the note)
-    else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
-        doc, kept = deepspeed_carry.carried(user.doc, deepspeed_carry.with_section(
-            user.doc, deepspeed_write.write(cfg), cfg.training.recompute)) if user is not None and \
-            user.fmt == to else (deepspeed_write.write(cfg), [])
-        if user is not None and user.fmt == to:  # the HF Trainer's "auto" kept where the plan's value is its fill
-            doc = deepspeed_auto.keep_auto(user.doc, doc, cfg.model.hidden)
-        if kept:
-            head.append(f"carried unchanged from {source}: {', '.join(kept)}")
-        head += _rewritten(user, to, source, doc)
-        head += deepspeed_carry.recompute_change(user.doc, cfg.training.recompute) if user is not None and \
-            user.fmt == to else []
-        body = json.dumps(doc, indent=2) + "\n"
-        again = deepspeed.read(deepspeed_auto.fill_hidden(doc, cfg.model.hidden)[0],  # "auto" as the plan's model fills it
-                               replace(opts, model=opts.model or catalog.names("model")[0]))
-        again = replace(again, tables=again.tables | {"model": model_table(cfg)})
+    else:
+        body, again, lines = _deepspeed_file(cfg, source, user, opts)
+    head += lines
+    head += _lost_lines(cfg, to, body, again, step_of)
+    if to == "deepspeed":  # JSON has no comments: the caller prints the header
+        return body, head
+    return "\n".join(f"# {h}" for h in head) + "\n\n" + body, head
+
+
+def _not_carried(cfg: Config, to: str, user: UserFile | None) -> list[str]:
+    """The line naming the settings of a ``user`` file of another format that meshplan does not
+    plan, so not carried to ``to`` (none into a meshplan TOML that keeps the file as [source]; a
+    torchtitan checkpoint interval goes as [reliability] or ``--save-interval``)."""
+    if user is None or user.fmt == to or (to == "meshplan" and cfg.source):  # [source] kept
+        return []
+    _, names, label = CARRIERS[user.fmt]
+    doc = user.doc
+    if user.fmt == "torchtitan" and cfg.checkpoint_interval_steps and to in ("meshplan", "megatron"):
+        doc = without_interval(doc)  # carried as [reliability] or --save-interval
+    kept = names(doc)
+    return [f"not carried to {to}: the {label} settings meshplan does not plan: {', '.join(kept)}"] if kept else []
+
+
+def _torchtitan_file(cfg: Config, source: str, user: UserFile | None, opts: ImportOptions) -> tuple[str, Imported, list[str]]:
+    """(the torchtitan TOML of ``cfg``, its re-import, the header's lines): a carried torchtitan
+    file's other keys and AC settings kept, its float8 spelling kept, the keys rewritten, the notes
+    of :mod:`~meshplan.interop.torchtitan_write` (the torchtitan it is for, etp, the data and
+    schedule no meshplan config holds)."""
+    head = [torchtitan_write.TARGET_NOTE]  # the torchtitan this file is for, and a newer one
+    tables, kept = torchtitan_carry.carried(user.doc, torchtitan_write.write(cfg)) if user is not None and \
+        user.fmt == "torchtitan" else (torchtitan_write.write(cfg), [])
+    tables, ac_notes = torchtitan_carry.kept_recompute(user.doc, tables, cfg) if user is not None and \
+        user.fmt == "torchtitan" else (tables, [])
+    spelling = user.float8 if user is not None and user.fmt == "torchtitan" else Float8Spelling.CURRENT
+    written = spelt(tables, spelling)  # the user's float8 names kept, the keys listed in them
+    if kept:
+        head.append(f"carried unchanged from {source}: {', '.join(spelt_key(k, spelling) for k in kept)}")
+    head += _rewritten(user and user._replace(doc=spelt(user.doc, spelling)), "torchtitan", source, written)
+    head += ac_notes + torchtitan_write.write_notes(cfg, recompute_noted=bool(ac_notes)) \
+        + torchtitan_write.etp_note(written.get("parallelism", {}))
+    head += spelling_note(spelling, source) if written is not tables else []
+    head += torchtitan_write.unset_notes(written)  # the data and schedule no meshplan config holds
+    body = dumps(written)
+    return body, torchtitan.read(tomllib.loads(body), Path("."), opts, torchtitan_write.flavors_back(cfg)), head
+
+
+def _megatron_file(cfg: Config, source: str, user: UserFile | None, opts: ImportOptions) -> tuple[str, Imported, list[str]]:
+    """(Megatron-LM arguments of ``cfg``, their re-import, the header's lines): a carried
+    arguments file's other flags kept (a carried switch the plan keeps off dropped), the flags
+    rewritten, :func:`~meshplan.interop.megatron_write.write_notes` and its exported variables."""
+    head: list[str] = []
+    off = megatron_carry.planned_off(cfg.training)  # a carried switch the plan keeps off is dropped
+    args, kept = megatron_carry.carried(user.doc, megatron.write(cfg), off) if user is not None and \
+        user.fmt == "megatron" else (megatron.write(cfg), [])
+    if kept:
+        head.append(f"carried unchanged from {source}: {', '.join(kept)}")
+    body = "\n".join(args) + "\n"
+    head += _rewritten(user, "megatron", source, megatron.parse_args(body), megatron_carry.rewritten_args)
+    head += megatron.write_notes(cfg) + carried_env(user.env if user and user.fmt == "megatron" else (), source)
+    return body, megatron.read(body, opts), head
+
+
+def _deepspeed_file(cfg: Config, source: str, user: UserFile | None, opts: ImportOptions) -> tuple[str, Imported, list[str]]:
+    """(the DeepSpeed JSON of ``cfg``, its re-import, the header's lines): a carried config's
+    other keys and its activation-checkpointing section kept, the HF Trainer's "auto" kept where
+    the plan's value is its fill, the keys rewritten. A DeepSpeed config holds no model: it is
+    re-imported with the config's own (a catalog name, or its fields)."""
+    head: list[str] = []
+    mine = user if user is not None and user.fmt == "deepspeed" else None
+    doc, kept = deepspeed_carry.carried(mine.doc, deepspeed_carry.with_section(
+        mine.doc, deepspeed_write.write(cfg), cfg.training.recompute)) if mine is not None \
+        else (deepspeed_write.write(cfg), [])
+    if mine is not None:  # the HF Trainer's "auto" kept where the plan's value is its fill
+        doc = deepspeed_auto.keep_auto(mine.doc, doc, cfg.model.hidden)
+    if kept:
+        head.append(f"carried unchanged from {source}: {', '.join(kept)}")
+    head += _rewritten(user, "deepspeed", source, doc)
+    head += deepspeed_carry.recompute_change(mine.doc, cfg.training.recompute) if mine is not None else []
+    body = json.dumps(doc, indent=2) + "\n"
+    again = deepspeed.read(deepspeed_auto.fill_hidden(doc, cfg.model.hidden)[0],  # "auto" as the plan's model fills it
+                           replace(opts, model=opts.model or catalog.names("model")[0]))
+    return body, replace(again, tables=again.tables | {"model": model_table(cfg)}), head
+
+
+def _lost_lines(cfg: Config, to: str, body: str, again: Imported, step_of: StepOf | None) -> list[str]:
+    """What the re-import ``again`` of ``body`` does not express of ``cfg``
+    (:func:`~meshplan.interop.roundtrip.differences`; a field no Megatron-LM flag states is
+    Megatron-LM's default, not a catalog match's: :func:`~meshplan.interop.megatron_model.unstated`),
+    each a line (DeepSpeed's recompute with its fix), then what it changes in the step
+    (:func:`~meshplan.interop.roundtrip.step_line`)."""
     back = config_from_dict(again.tables)
     if to == "megatron":  # a field no flag states is Megatron-LM's default, not a catalog match's (unstated)
         unset = megatron.unstated(cfg.model, megatron.parse_args(body))
         back = replace(back, model=back.model.model_copy(update=unset))
     lost = differences(cfg, back)
-    head += [f"not expressed in {to}: {d}" + (f" ({deepspeed_recompute_fix(cfg.training)})"
-                                               if to == "deepspeed" and d.startswith("training.recompute:") else "")
+    lines = [f"not expressed in {to}: {d}" + (f" ({deepspeed_recompute_fix(cfg.training)})"
+                                              if to == "deepspeed" and d.startswith("training.recompute:") else "")
              for d in lost]
-    head += step_line(cfg, back, to, step_of) if lost and step_of is not None else []
-    if to == "deepspeed":  # JSON has no comments: the caller prints the header
-        return body, head
-    return "\n".join(f"# {h}" for h in head) + "\n\n" + body, head
+    return lines + (step_line(cfg, back, to, step_of) if lost and step_of is not None else [])
 
 
 def _rewritten(user: UserFile | None, to: str, source: str, written: dict,

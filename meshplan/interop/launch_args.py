@@ -20,6 +20,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.foreign import export
 from meshplan.interop.megatron import USED
+from meshplan.interop.megatron_deepspeed import deepspeed_flags
 from meshplan.interop.megatron_carry import ALIASES, KEPT_UNLESS_WRITTEN, planned_off
 from meshplan.interop.source_file import carried_source
 
@@ -52,10 +53,11 @@ def megatron_program_args(cfg: Config, config: Path) -> tuple[tuple[str, ...], s
     try:
         text, _ = export(cfg, "megatron", str(config), user)
     except ConfigError as e:
-        return (), (f"note: the plan's Megatron-LM flags are not appended to the program: export --to megatron "
+        return (), (f"note: the plan's Megatron flags are not appended to the program: export --to megatron "
                     f"refuses it ({e.message}); pass the flags yourself")
     words = tuple(exported_words(text))
-    return words, (f"note: the plan's {sum(w.startswith('--') for w in words)} Megatron-LM flags (export --to "
+    parser = "Megatron-DeepSpeed" if deepspeed_flags(cfg.training) else "Megatron-LM"  # whose spellings (--deepspeed)
+    return words, (f"note: the plan's {sum(w.startswith('--') for w in words)} {parser} flags (export --to "
                    f"megatron, with its [source]'s flags meshplan does not plan) appended to the program that "
                    f"torchrun.sh runs; argparse keeps the last of a repeated flag, so they win over the program's "
                    f"own (a planned flag they leave out is refused in the program); meshplan export {config.name} "

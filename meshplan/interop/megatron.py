@@ -141,12 +141,14 @@ from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
-from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
+from meshplan.interop.megatron_attention import FLAG as ATTENTION, MDS_FLASH, read_attention
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
 from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, bf16_optimizer_keys, deepspeed_engine, \
     ds_config, ds_path, ds_tables, pipe_layer_split
+from meshplan.interop import megatron_deepspeed_args as mds
 from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
 from meshplan.interop.megatron_flags import PARALLEL
+from meshplan.interop.megatron_mesh import degrees, mesh_table
 from meshplan.interop import megatron_precision as precision
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers,
@@ -157,8 +159,6 @@ from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_recompute import recompute as read_recompute
 from meshplan.interop.megatron_write import exported_model, write, write_notes
-from meshplan.interop.world_words import megatron_world_error
-from meshplan.spec.mesh_words import data_axis
 
 #: What the modules split by concern export under this one (tests and :mod:`~meshplan.interop.foreign`).
 __all__ = ["PARALLEL", "USED", "accounted_split", "exported_model", "parse_args", "read", "unstated", "write", "write_notes"]
@@ -172,7 +172,8 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
-            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS, *precision.SWITCHES}
+            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS, *precision.SWITCHES,
+            *mds.SWITCHES, *MDS_FLASH}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -186,7 +187,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     flags.NO_MASK, "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
-    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS}
+    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS, *mds.FLAGS, *MDS_FLASH}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels", "--save"}
@@ -208,52 +209,28 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     repeated: dict[str, list[Any]] = {}
     exported: dict[str, str] = {}
     args, launcher = parse_launch(text, SWITCHES, repeated, exported)
-    for flag in args:  # a "--flag value" word: argparse's positional (shell_words), Megatron-LM exits
-        if any(c.isspace() for c in flag):
-            raise ConfigError(flag.split()[0], f"{flag!r} reaches pretrain_gpt.py as one word (a quoted \"${{ARR[@]}}\" "
-                              f"keeps each array element whole); Megatron-LM's argparse takes a word holding a space "
-                              f"for a positional argument and exits (unrecognized arguments: {flag}); fix: write "
-                              f"it as two words, or expand the array unquoted, ${{ARR[@]}}, as Megatron-LM's examples do")
-    for flag in args:  # near misses of a flag meshplan reads, or of any of Megatron-LM's (megatron_known)
-        typo = misspelt_flag(flag, USED, SWITCHES | NEAR_FLAGS)
-        if typo is not None:
-            raise typo
-    notes = foreign_flags_note(args, USED, SWITCHES)
+    _check_words(args)
+    dialect = mds.is_megatron_deepspeed(args)  # its parser's flags, not Megatron-LM's (megatron_deepspeed_args)
+    notes = mds.foreign_note(args) if dialect else foreign_flags_note(args, USED, SWITCHES)
     notes += [f"{flag} given {len(vals)} times ({', '.join(map(str, vals))}): planned with the last, "
              f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
-    model = model_table(args, opts, notes)
+    # Megatron-DeepSpeed's model flags in Megatron-LM's spelling, its notes in its own (megatron_deepspeed_args)
+    before = len(notes)
+    model = model_table(mds.lm_model_args(args, notes) if dialect else args, opts, notes)
+    notes[before:] = [mds.respelt(n) for n in notes[before:]] if dialect else notes[before:]
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
     cluster = _with_nvls(cluster, exported, notes)
-    deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
-    if "--expert-tensor-parallel-size" not in args:  # Megatron-LM: expert tp defaults to tp at any ep
-        # (arguments.py:587-588 at d98e8a6); a dense model has no experts to split
-        deg["etp"] = deg["tp"] if deg["ep"] > 1 or model_is_moe(model) else 1
-    dense = deg["tp"] * deg["cp"] * deg["pp"]
-    if world % dense:
-        raise megatron_world_error(deg, world, int(cluster["nodes"]), model_layers(model))
-    dp = world // dense
+    deg, dp = degrees(args, model, world, int(cluster["nodes"]))
     layers = model_layers(model)
-    # etp 1 beside tp > 1 and ep > 1 is named: a [mesh] without etp gets etp = tp under megatron
-    # (config._megatron_etp, Megatron-LM's default), so the flag's 1 would come back as tp
-    names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)
-             or (a == "etp" and deg["ep"] > 1 and deg["tp"] > 1)]
     deepspeed = deepspeed_engine(args, deg["pp"], notes, base)  # Megatron-DeepSpeed's --deepspeed --zero-stage N
     ds_file = ds_path(args, base)[1] if deepspeed else None  # its ds config, where the path resolves
     sharding = deepspeed.get("sharding", flags.sharding(args))
-    data = data_axis(sharding)  # dp_shard where Megatron FSDP shards the parameters, as DeepSpeed's ZeRO-3 import
-    mesh: dict[str, Any] = {"names": [data if a == "dp" else a for a in names],
-                            "shape": [dp if a == "dp" else deg[a] for a in names],
-                            "sequence_parallel": bool(args.get("--sequence-parallel"))}
-    mesh |= read_pipeline(args, deg["pp"], layers)
+    mesh = mesh_table(args, deg, dp, sharding) | read_pipeline(args, deg["pp"], layers)
     micro = _num(args, "--micro-batch-size", 1)
     seq = seq_len_of(opts.seq_len, args.get("--seq-length") if opts.seq_len else _int(args, "--seq-length"),
                      "--seq-length", "the arguments", notes)
-    if args.get("--bf16") and args.get("--fp16"):  # arguments.py: assert not args.bf16 (and the reverse)
-        raise ConfigError("--fp16", "given with --bf16; Megatron-LM refuses both (arguments.py asserts one dtype): "
-                          "keep one")
+    dtype, fp8 = _dtype(args)
     flags.check_positions(model, seq, "--seq-len" if opts.seq_len else "--seq-length", notes)
-    fp8 = bool(args.get("--fp8-format"))  # Transformer Engine's fp8 runs beside --bf16 (or --fp16)
-    dtype = "fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"
     ds_keys = _ds_keys(ds_file, str(deepspeed.get("sharding")), dtype, micro if "--micro-batch-size" in args else None,
                        notes)
     micro = ds_keys[2] or micro
@@ -265,42 +242,112 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                 "tp_comm_overlap": bool(args.get("--tp-comm-overlap")), "framework": "megatron",
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128),
                 **flags.grad_clip(args)}
-    if deepspeed:  # DeepSpeed's engine reduces in its config's communication_data_type: unset, the model's dtype
-        training = {k: v for k, v in training.items() if k != "grad_reduce_dtype"} | deepspeed | ds_keys[0]
-        training = bf16_optimizer_keys(training, notes)  # --zero-stage 0 with --bf16: BF16_Optimizer
-        mesh |= pipe_layer_split(args, deepspeed, deg["pp"], layers, mesh, notes)  # DeepSpeed's partition
-    if model_is_moe(model):
+    if deepspeed:
+        training, mesh = _deepspeed_keys(args, training, mesh, deepspeed, ds_keys[0], deg["pp"], layers, notes)
+    training = _runtime_training(args, training, mesh, bool(deepspeed), deg, model_is_moe(model), sharding, dtype, notes)
+    fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
+        args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
+    notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))
+    unused = _unused(args, exported, cluster, ds_file)
+    memory = _memory_table(args, training, ds_keys[1], exported, notes)
+    tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
+    tables |= {"memory": memory} if memory else {}
+    tables |= _reliability(args, notes)
+    return Imported("megatron", tables, unused, tuple(notes))
+
+
+def _check_words(args: dict) -> None:
+    """Refuse what Megatron-LM's parser refuses before planning: a "--flag value" word (a quoted
+    array element: argparse takes it for a positional argument and exits), then a near miss of a
+    flag meshplan reads or of any of Megatron-LM's or Megatron-DeepSpeed's
+    (:func:`~meshplan.interop.megatron_known.misspelt_flag`, :func:`~meshplan.interop.megatron_deepspeed_args.mds_flags`)."""
+    for flag in args:  # a "--flag value" word: argparse's positional (shell_words), Megatron-LM exits
+        if any(c.isspace() for c in flag):
+            raise ConfigError(flag.split()[0], f"{flag!r} reaches pretrain_gpt.py as one word (a quoted \"${{ARR[@]}}\" "
+                              f"keeps each array element whole); Megatron-LM's argparse takes a word holding a space "
+                              f"for a positional argument and exits (unrecognized arguments: {flag}); fix: write "
+                              f"it as two words, or expand the array unquoted, ${{ARR[@]}}, as Megatron-LM's examples do")
+    for flag in args:  # near misses of a flag meshplan reads, or of any of Megatron-LM's (megatron_known)
+        typo = misspelt_flag(flag, USED, SWITCHES | NEAR_FLAGS | mds.mds_flags()[0])
+        if typo is not None:
+            raise typo
+
+
+def _dtype(args: dict) -> tuple[str, bool]:
+    """(the parameters' and compute dtype, whether Transformer Engine's fp8 runs beside it):
+    ``--fp16``, ``--bf16`` (also implied by ``--fp8-format``), else fp32. Both ``--bf16`` and
+    ``--fp16`` is the error Megatron-LM's ``arguments.py`` asserts (one dtype)."""
+    if args.get("--bf16") and args.get("--fp16"):  # arguments.py: assert not args.bf16 (and the reverse)
+        raise ConfigError("--fp16", "given with --bf16; Megatron-LM refuses both (arguments.py asserts one dtype): "
+                          "keep one")
+    fp8 = bool(args.get("--fp8-format"))  # Transformer Engine's fp8 runs beside --bf16 (or --fp16)
+    return ("fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"), fp8
+
+
+def _deepspeed_keys(args: dict, training: dict, mesh: dict, deepspeed: dict, ds_training: dict, pp: int,
+                    layers: int, notes: list[str]) -> tuple[dict, dict]:
+    """(``training``, ``mesh``) under Megatron-DeepSpeed: its engine's keys and its ds config's
+    (the engine reduces in the config's ``communication_data_type``: unset, the model's dtype, so
+    no ``grad_reduce_dtype``; ``--zero-stage 0`` with ``--bf16``: its BF16_Optimizer) and its
+    pipeline partition (:mod:`~meshplan.interop.megatron_deepspeed`)."""
+    training = {k: v for k, v in training.items() if k != "grad_reduce_dtype"} | deepspeed | ds_training
+    training = bf16_optimizer_keys(training, notes)  # --zero-stage 0 with --bf16: BF16_Optimizer
+    return training, mesh | pipe_layer_split(args, deepspeed, pp, layers, mesh, notes)  # DeepSpeed's partition
+
+
+def _runtime_training(args: dict, training: dict, mesh: dict, deepspeed: bool, deg: dict[str, int], moe: bool,
+                      sharding: Any, dtype: str, notes: list[str]) -> dict:
+    """``training`` with what the runtime's flags set: MoE routing, the collectives' types,
+    checkpoint notes, gradient-accumulation fusion, the overlap flags, Megatron FSDP's, the p2p
+    overlap (interleaved 1F1B), the runtime's (``deepspeed``: under Megatron-DeepSpeed's engine),
+    attention and precision (:mod:`~meshplan.interop.megatron_flags`,
+    :mod:`~meshplan.interop.megatron_attention`, :func:`_precision`)."""
+    if moe:
         training |= flags.routing(args, notes)
-    training |= flags.comm_types(args, deg, model_is_moe(model), notes)
+    training |= flags.comm_types(args, deg, moe, notes)
     ckpt_format(args, notes)
     async_save(args, notes)
     flags.accumulation_fusion(args, notes)
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)
     training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
-    training |= flags.runtime(args, bool(deepspeed))
-    training |= read_attention(args, dtype != "fp32", notes, bool(deepspeed))
-    training = _precision(args, training, dtype, notes, bool(deepspeed))
-    fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
-        args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
-    notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))
+    training |= flags.runtime(args, deepspeed)
+    training |= read_attention(args, dtype != "fp32", notes, deepspeed)
+    return _precision(args, training, dtype, notes, deepspeed)
+
+
+def _unused(args: dict, exported: dict[str, str], cluster: dict, ds_file: Optional[Path]) -> tuple[str, ...]:
+    """The flags meshplan does not read and the exported variables it does not honour (Megatron
+    FSDP's; NVLS where the fabric has it or a resolved cluster says; the caching allocator's
+    configuration where it is read), for the import's "does not use" line."""
     used = USED | ({"--deepspeed_config", "--deepspeed-config"} if ds_file is not None else set())
     honoured = (flags.FSDP_ENV,) + ((NVLS_ENV,) if cluster.get("fabric") or not _nvls(cluster) else ()) \
         + ((precision.ALLOC_ENV,) if precision.alloc_conf(exported) else ())
-    unused = tuple(k for k in args if k not in used) + tuple(f"export {k}" for k in exported if k not in honoured)
+    return tuple(k for k in args if k not in used) + tuple(f"export {k}" for k in exported if k not in honoured)
+
+
+def _memory_table(args: dict, training: dict, ds_memory: dict, exported: dict[str, str], notes: list[str]) -> dict:
+    """The ``[memory]`` keys the arguments set: dropout, the DDP bucket size
+    (:func:`~meshplan.interop.megatron_flags.bucket`), a ds config's, the caching allocator's
+    configuration, and ``fused_glu`` false under ``--no-bias-swiglu-fusion`` with ``--swiglu``
+    (unset: fused, Megatron-LM's default, ``MemoryOptions.fused_glu``)."""
     memory: dict[str, Any] = {"dropout": True} if flags.dropout(args, notes) else {}
-    memory |= flags.bucket(args, training, notes) | ds_keys[1] | precision.alloc_conf(exported)
+    memory |= flags.bucket(args, training, notes) | ds_memory | precision.alloc_conf(exported)
     if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
         memory["fused_glu"] = False  # unset: fused, Megatron-LM's default (MemoryOptions.fused_glu)
-    tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
-    tables |= {"memory": memory} if memory else {}
+    return memory
+
+
+def _reliability(args: dict, notes: list[str]) -> dict:
+    """``{"reliability": {"checkpoint_interval_steps": N}}`` from ``--save-interval N`` (only
+    ``reliability`` uses it: another value is a note, not an error); {} without it."""
     save = str(args.get("--save-interval", ""))
     if save.isdigit() and int(save) > 0:  # only `reliability` uses it: another value is a note, not an error
-        tables["reliability"] = {"checkpoint_interval_steps": int(save)}
-    elif save:
+        return {"reliability": {"checkpoint_interval_steps": int(save)}}
+    if save:
         notes.append(f"--save-interval {printable(save)[:40]!r} is not a whole number >= 1 (a shell variable?): the "
                      f"job's checkpoint interval is not set beside the optimal one")
-    return Imported("megatron", tables, unused, tuple(notes))
+    return {}
 
 
 def _precision(args: dict, training: dict, dtype: str, notes: list[str], deepspeed: bool) -> dict:

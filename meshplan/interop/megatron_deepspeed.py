@@ -284,10 +284,12 @@ def recompute_flags(recompute: str, deepspeed: bool, block: int | None = None) -
 def deepspeed_note(training) -> list[str]:
     """The header line of a Megatron-LM export under DeepSpeed's engine (:func:`deepspeed_flags`):
     the arguments are for Megatron-DeepSpeed, whose parser has ``--deepspeed`` and ``--zero-stage``
-    (Megatron-LM's has neither), while the model flags keep Megatron-LM's spelling."""
+    (Megatron-LM's has neither), the model flags in its spelling
+    (:func:`meshplan.interop.megatron_deepspeed_args.mds_model_flags`)."""
     flags = deepspeed_flags(training)
     if flags is None:
         return []
     return [f"{' '.join(flags)}: Megatron-DeepSpeed's flags (Megatron-LM has neither); give --deepspeed_config your "
-            f"ds config at that stage; the model flags are written in Megatron-LM's spelling: check them against "
-            f"your Megatron-DeepSpeed's arguments.py"]
+            f"ds config at that stage; the model flags are written in Megatron-DeepSpeed's spelling (microsoft/"
+            f"Megatron-DeepSpeed f4157be megatron/arguments.py: --num-key-value-heads, "
+            f"--use-rotary-position-embeddings, --normalization rmsnorm)"]

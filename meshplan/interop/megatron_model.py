@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop.common import ImportOptions, model_option
+from meshplan.interop.megatron_deepspeed_args import SPELLINGS
 from meshplan.spec.axes.tp import padded_vocab
 from meshplan.spec.model import ModelSpec
 
@@ -43,7 +44,8 @@ MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-atte
                "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
                "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
                "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--rotary-base",
-               "--norm-epsilon", "--use-rope-scaling", "--rope-scaling-factor", *MLA_FLAGS, *GROUP_FLAGS}
+               "--norm-epsilon", "--use-rope-scaling", "--rope-scaling-factor", *MLA_FLAGS, *GROUP_FLAGS,
+               "--use-rotary-position-embeddings"}
 #: Model flags whose value changes no size or cost (ModelSpec ``rope_theta``, ``norm_eps``) and Megatron-LM's
 #: default of each (arguments.py ``--rotary-base`` type int, default 10000; TransformerConfig ``layernorm_epsilon``
 #: ``--norm-epsilon``, default 1e-5; d98e8a6): unset in the arguments, a catalog model still matches, with a note.
@@ -130,7 +132,10 @@ def model_table(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
     norm = str(args.get("--normalization", "LayerNorm"))
     if norm not in ("LayerNorm", "RMSNorm"):
         raise ConfigError("--normalization", f"{norm!r}; meshplan plans LayerNorm or RMSNorm")
-    pos = str(args.get("--position-embedding-type", "learned_absolute"))
+    # --use-rotary-position-embeddings: Megatron-LM's legacy RoPE switch, which sets the type to rope
+    # (arguments.py:1626-1627 at d98e8a6)
+    pos = "rope" if args.get("--use-rotary-position-embeddings") else str(args.get("--position-embedding-type",
+                                                                                   "learned_absolute"))
     model = {"name": "megatron-args", "layers": int_flag(args, "--num-layers"), "hidden": h, "ffn": ffn,
              "gated_mlp": swiglu, "q_heads": heads, "kv_heads": kv, "head_dim": int_flag(args, "--kv-channels"),
              "vocab": vocab,
@@ -276,6 +281,7 @@ def unstated(m: ModelSpec, args: dict) -> dict[str, None]:
     >>> unstated(m, {"--num-layers": "32"}), unstated(m, {"--rotary-base": "10000", "--use-rope-scaling": True})
     ({'rope_theta': None, 'rope_scaling': None}, {})
     """
+    args = {SPELLINGS.get(k, k): v for k, v in args.items()}  # Megatron-DeepSpeed's spellings of them too
     out = {field: None for flag, (field, _) in CARRIED.items() if getattr(m, field) is None and flag not in args}
     return out | ({"rope_scaling": None} if m.rope_scaling is None and not args.get("--use-rope-scaling") else {})
 

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.megatron_attention import WRITTEN
+from meshplan.interop.megatron_attention import FLASH_V2, WRITTEN
+from meshplan.interop.megatron_deepspeed_args import SOURCE as MDS_SOURCE, mds_model_flags
 from meshplan.interop.megatron_deepspeed import deepspeed_flags, deepspeed_note, recompute_flags
 from meshplan.spec.recompute_modules import flags as recompute_module_flags
 from meshplan.interop.megatron_dispatch import dispatcher_flags
@@ -28,30 +29,13 @@ def write(cfg: Config) -> list[str]:
     than tp-cp-ep-dp-pp, a layer split other than first/last stage and even middle."""
     mesh = resolved(cfg)
     t, m = cfg.training, cfg.model
-    axes = list(mesh.layout.names)
-    data = [a for a in axes if a in ("dp", "dp_shard", "dp_replicate")]
-    if len(data) > 1 or t.sharding == "hsdp":
-        raise ConfigError("--to", f"Megatron-LM has one data-parallel axis; the mesh has {data} ({t.sharding})")
-    axes = ["dp" if a in data else a for a in axes]
-    stray = [a for a in axes if a not in MEGATRON_AXES]
-    if stray:
-        raise ConfigError("--to", f"Megatron-LM has no axis {stray[0]!r}")
-    if axes != [a for a in ("pp", "dp", "cp", "tp") if a in axes]:
-        raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
-                          f"cp, tp); reorder the mesh to export it")
-    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
-    out = model_flags(m, t.seq_len)
-    out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",
-            f"--context-parallel-size {deg.get('cp', 1)}"]
-    out += [f"--expert-model-parallel-size {mesh.ep}"] * (mesh.ep > 1)
-    # at ep 1 too: Megatron-LM defaults etp to tp (arguments.py:587-588), so the planned etp is written
-    out += [f"--expert-tensor-parallel-size {mesh.etp}"] * (mesh.ep > 1 or (m.is_moe and deg.get("tp", 1) > 1))
-    out += dispatcher_flags(t.moe_dispatcher) if m.is_moe else []
-    # all-gather CP, or Transformer Engine's p2p ring (Megatron-LM's default; also what torch's ring becomes)
-    out += [f"--cp-comm-type {'all_gather' if t.cp_attention == 'allgather' else 'p2p'}"] * (deg.get("cp", 1) > 1)
-    out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
-    out += write_pipeline(cfg, mesh)
+    deg = _degrees(cfg, mesh)
     deepspeed = deepspeed_flags(t)  # Megatron-DeepSpeed's engine, in place of Megatron-LM's sharding flags
+    mds = deepspeed is not None  # so Megatron-DeepSpeed's parser: its spellings, no Megatron-LM-only knob
+    if mds:
+        mds_refusals(t, deg.get("cp", 1))
+    out = (mds_model_flags(model_flags(m, t.seq_len)) if mds else model_flags(m, t.seq_len)) + \
+        _parallel_flags(cfg, mesh, deg, mds)
     out += deepspeed if deepspeed else sharding_flags(t.sharding, t.megatron_fsdp)
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
     out += ["--no-overlap-p2p-communication"] * (t.pp_p2p_overlap is False)
@@ -73,20 +57,96 @@ def write(cfg: Config) -> list[str]:
     # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise; DeepSpeed's engine as its config says
     out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32" and not deepspeed)
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out and not deepspeed)
+    return out + _last_flags(cfg, bool(deepspeed))
+
+
+def _degrees(cfg: Config, mesh) -> dict[str, int]:
+    """Each Megatron-LM axis's degree (dp the one data axis). ConfigError where Megatron-LM cannot
+    express the mesh: two data axes or hsdp, an axis it has not (:data:`~meshplan.spec.axes.MEGATRON_AXES`),
+    an order other than its tp-cp-ep-dp-pp (outermost first pp, dp, cp, tp)."""
+    t = cfg.training
+    axes = list(mesh.layout.names)
+    data = [a for a in axes if a in ("dp", "dp_shard", "dp_replicate")]
+    if len(data) > 1 or t.sharding == "hsdp":
+        raise ConfigError("--to", f"Megatron-LM has one data-parallel axis; the mesh has {data} ({t.sharding})")
+    axes = ["dp" if a in data else a for a in axes]
+    stray = [a for a in axes if a not in MEGATRON_AXES]
+    if stray:
+        raise ConfigError("--to", f"Megatron-LM has no axis {stray[0]!r}")
+    if axes != [a for a in ("pp", "dp", "cp", "tp") if a in axes]:
+        raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
+                          f"cp, tp); reorder the mesh to export it")
+    return {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
+
+
+def _parallel_flags(cfg: Config, mesh, deg: dict[str, int], mds: bool = False) -> list[str]:
+    """The parallel sizes (no ``--context-parallel-size`` under Megatron-DeepSpeed, ``mds``: its
+    parser has none, :func:`mds_refusals` refuses cp > 1; etp written at ep 1 too where tp > 1 in
+    an MoE model: Megatron-LM defaults etp to tp, ``arguments.py:587-588``, so the planned etp is written), the MoE
+    dispatcher, the CP communication type (all-gather CP, or Transformer Engine's p2p ring:
+    Megatron-LM's default, also what torch's ring becomes), sequence parallelism and the pipeline
+    split (:func:`~meshplan.interop.megatron_pipeline.write_pipeline`)."""
+    t, m = cfg.training, cfg.model
+    out = [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}"]
+    out += [] if mds else [f"--context-parallel-size {deg.get('cp', 1)}"]
+    out += [f"--expert-model-parallel-size {mesh.ep}"] * (mesh.ep > 1)
+    # at ep 1 too: Megatron-LM defaults etp to tp (arguments.py:587-588), so the planned etp is written
+    out += [f"--expert-tensor-parallel-size {mesh.etp}"] * (mesh.ep > 1 or (m.is_moe and deg.get("tp", 1) > 1))
+    out += dispatcher_flags(t.moe_dispatcher) if m.is_moe else []
+    # all-gather CP, or Transformer Engine's p2p ring (Megatron-LM's default; also what torch's ring becomes)
+    out += [f"--cp-comm-type {'all_gather' if t.cp_attention == 'allgather' else 'p2p'}"] * (deg.get("cp", 1) > 1)
+    out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
+    return out + write_pipeline(cfg, mesh)
+
+
+def _last_flags(cfg: Config, deepspeed: bool) -> list[str]:
+    """tp overlap and the attention backend (Megatron-DeepSpeed has none: without a flash switch it
+    runs its CoreAttention, microsoft/Megatron-DeepSpeed f4157be megatron/model/transformer.py:528-531),
+    gradient clipping (Megatron-LM's default 1.0 clips), the checkpoint interval, dropout
+    (Megatron-LM's default is 0.1, :data:`DROPOUT`: a plan without dropout says 0.0), the SwiGLU
+    fusion, and a dropping MoE router's capacity (Megatron-LM's default, and a plan's unset
+    routing, is dropless; under deepep Megatron-LM refuses the padding flag)."""
+    t, m = cfg.training, cfg.model
     # Megatron-DeepSpeed has no --attention-backend: without a flash switch it runs its CoreAttention
     # (microsoft/Megatron-DeepSpeed f4157be megatron/model/transformer.py:528-531)
-    out += ["--tp-comm-overlap"] * t.tp_comm_overlap + [WRITTEN[t.flash_attention]] * (t.flash_attention or not deepspeed)
+    # and its --use-flash-attn is FlashAttention 1 (--use-flash-attn-v1's alias, arguments.py:927): FA2 is --use-flash-attn-v2
+    flash = FLASH_V2 if deepspeed and t.flash_attention else WRITTEN[t.flash_attention]
+    out = ["--tp-comm-overlap"] * t.tp_comm_overlap + [flash] * (t.flash_attention or not deepspeed)
     out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
     out += [f"--clip-grad {t.grad_clip_norm!r}"] * (t.grad_clip_norm is not None)
     out += [f"--save-interval {cfg.checkpoint_interval_steps}"] * bool(cfg.checkpoint_interval_steps)
     # Megatron-LM's default dropout is 0.1 (:data:`DROPOUT`): a plan without dropout says 0.0
     out += [] if cfg.memory.dropout else [f"{flag} 0.0" for flag in DROPOUT]
-    out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False)
+    out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False and not deepspeed)
     factor, dropless = t.moe_routing
     if m.is_moe and not dropless:  # Megatron-LM's default (and a plan's unset routing) is dropless
         out += [f"--moe-expert-capacity-factor {factor!r}"]  # deepep: Megatron-LM refuses the padding flag
         out += ["--moe-pad-expert-input-to-capacity"] * (t.moe_dispatcher != "deepep")
     return out
+
+
+#: Megatron-LM knobs a plan can hold that Megatron-DeepSpeed's parser has no flag for (microsoft/Megatron-DeepSpeed
+#: f4157be megatron/arguments.py): the
+#: training key (as a test of the plan) -> the flag Megatron-LM writes.
+MDS_MISSING = {"tp_comm_overlap": "--tp-comm-overlap", "linear_dtype": "--fp8-format",
+               "fp8_param_gather": "--fp8-param-gather", "recompute_modules": "--recompute-modules"}
+
+
+def mds_refusals(t, cp: int) -> None:
+    """ConfigError naming the first knob of a plan written for Megatron-DeepSpeed (under DeepSpeed's
+    engine: ``--deepspeed``) that its parser has no flag for: cp > 1 (no ``--context-parallel-size``;
+    its sequence parallelism across ranks is DeepSpeed-Ulysses', ``--ds-sequence-parallel-size``,
+    which meshplan does not plan), or a :data:`MDS_MISSING` key set (``recompute_modules`` where
+    Megatron-LM would need its flag: selective recompute of more than its default, core attention);
+    each would stop every rank at start-up."""
+    if cp > 1:
+        raise ConfigError("mesh.cp", f"{cp}: Megatron-DeepSpeed has no --context-parallel-size ({MDS_SOURCE}; its "
+                          f"DeepSpeed-Ulysses is not planned): set cp to 1, or plan Megatron-LM's engines")
+    modules = t.recompute == "selective" and bool(recompute_module_flags(t.recompute_modules))
+    for key, flag in MDS_MISSING.items():
+        if getattr(t, key) not in (None, False) and (key != "recompute_modules" or modules):
+            raise ConfigError(f"training.{key}", f"Megatron-DeepSpeed's parser has no {flag} ({MDS_SOURCE}), so "
+                              f"every rank would stop at start-up: unset it, or plan Megatron-LM's engines")
 
 
 def sharding_flags(sharding: str, fsdp: bool = False) -> list[str]:

@@ -119,6 +119,24 @@ def hpz_secondary_bytes(training: TrainingSpec, params: int) -> int:
     return -(-params // g) * dtype_bytes(training.param_dtype)
 
 
+def hpz_secondary_words(training: TrainingSpec, params: int) -> str:
+    """The hpZ secondary partition named with its formula and source (one home: the memory
+    timeline's event, the plan's persistent-state section and first estimate read it), "" without
+    it (:func:`hpz_secondary_bytes`).
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed", zero_hpz_partition_size=8)
+    >>> hpz_secondary_words(t, 8_030_261_248).split(" (ds_")[0]
+    'DeepSpeed ZeRO++ hpZ secondary partition: 8,030,261,248 params / zero_hpz_partition_size 8 x 2 B = 1.87 GiB per rank'
+    """
+    sec = hpz_secondary_bytes(training, params)
+    if not sec:
+        return ""
+    return (f"DeepSpeed ZeRO++ hpZ secondary partition: {params:,} params / zero_hpz_partition_size "
+            f"{training.zero_hpz_partition_size} x {dtype_bytes(training.param_dtype)} B = {sec / 2**30:.2f} GiB per rank "
+            "(ds_secondary_tensor, DeepSpeed edaa722 partition_parameters.py:1872-1925), held from the step's first "
+            "forward to the optimizer step")
+
+
 def ipg_elements(training: TrainingSpec, opts: MemoryOptions) -> int:
     """Elements of DeepSpeed ZeRO-3's ipg buffer when its backward hooks move the gradients into
     it (:func:`deepspeed3_ipg_bytes` > 0), else 0. ``__add_grad_to_ipg_bucket`` (deepspeedai/DeepSpeed

@@ -12,7 +12,8 @@ Kinds (the seed's "List the constraints before choosing degrees"):
 - contract: global batch, micro-batch, reduction dtype.
 
 Memory here is a first estimate (persistent state of the most loaded stage + activations
-of the micro-batches in flight (1F1B) + two gathered FSDP layers; where FSDP reduces after
+of the micro-batches in flight (1F1B) + two gathered FSDP layers + DeepSpeed ZeRO++ hpZ's
+secondary partition (:func:`~meshplan.memory.buffers.hpz_secondary_bytes`); where FSDP reduces after
 the last micro-batch, pp > 1 or gradient accumulation, a chunk's layers gathered and their
 unsharded gradients); the per-rank timeline
 refines it. The estimate is neither a lower nor an upper bound of the timeline's peak (68.53
@@ -29,6 +30,7 @@ from math import ceil
 from typing import Optional
 
 from meshplan.memory.activations import embedding_terms, head_terms, layer_bytes
+from meshplan.memory.buffers import hpz_secondary_bytes
 from meshplan.memory.cp_buffers import saves_gathered_kv
 from meshplan.memory.layer_dims import LayerDims
 from meshplan.memory.inflight import in_flight_chunks
@@ -69,10 +71,12 @@ class Estimate:
     gathered_bytes: float
     stage: int
     accumulator_bytes: float = 0.0
+    secondary_bytes: float = 0.0  # DeepSpeed ZeRO++ hpZ's secondary partition (memory.buffers.hpz_secondary_bytes)
 
     @property
     def total_bytes(self) -> float:
-        return self.state_bytes + self.activation_bytes + self.gathered_bytes + self.accumulator_bytes
+        return self.state_bytes + self.activation_bytes + self.gathered_bytes + self.accumulator_bytes \
+            + self.secondary_bytes
 
     def line(self, gathered: str = "gathered FSDP layers") -> str:
         """The estimate as a sum; ``gathered``: what the gathered layers are called (DeepSpeed:
@@ -81,7 +85,8 @@ class Estimate:
         acc = (f" + unsharded gradients till the last micro-batch {self.accumulator_bytes / GiB:.2f} GiB"
                if self.accumulator_bytes else "")
         gath = f" + {gathered} {self.gathered_bytes / GiB:.2f} GiB" if self.gathered_bytes else ""
-        return (f"stage {self.stage}: state {self.state_bytes / GiB:.2f} GiB + activations "
+        sec = f" + hpZ secondary partition {self.secondary_bytes / GiB:.2f} GiB" if self.secondary_bytes else ""
+        return (f"stage {self.stage}: state {self.state_bytes / GiB:.2f} GiB{sec} + activations "
                 f"{self.activation_bytes / GiB:.2f} GiB{gath}{acc} = {self.total_bytes / GiB:.2f} GiB")
 
 
@@ -169,7 +174,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
                 kept = 2 if training.grad_accumulation == "no_sync" else \
                     max(2, chunk if training.reshard_after_forward else held)
             gathered = kept * layer
-        per_stage.append(Estimate(st.total_bytes, act, gathered, k, accum))
+        per_stage.append(Estimate(st.total_bytes, act, gathered, k, accum,
+                                  hpz_secondary_bytes(training, st.params.total)))
     return max(per_stage, key=lambda e: e.total_bytes)  # the first stage on a tie
 
 

@@ -29,6 +29,14 @@ from meshplan.units import GiB
 FRAGMENTATION_SOURCE = (f"PyTorch's caching allocator was measured to lose about {ALLOCATOR_FRAGMENTATION:.0%} to "
                         f"fragmentation in LLM training (GMLake, ASPLOS 2024)")
 
+#: The measured accuracy of the planned peak itself, which every tight line quotes beside
+#: :data:`FRAGMENTATION_SOURCE` (newcomer trial 51: the headroom line stated no accuracy): ``bench rank``
+#: of six torchtitan meshes on one H200 (benchmarks/gpu_h200/README.md, run 3; docs/fidelity.md) measured
+#: peak allocated memory 6.0-36.3% above that day's plan, 0.2-10.7% above the plan after the itemisation
+#: of that run's gap (the README's table "plan after", benchmarks/gpu_h200_peaks.py), not re-measured on a GPU.
+PEAK_ACCURACY = ("the planned peak's measured error: bench rank on an H200 measured peak allocated memory 6-36% above "
+                 "the plan, 0.2-10.7% above it since that gap was itemised (not re-measured; docs/fidelity.md)")
+
 
 def tight(peak_bytes, usable_bytes: float, fragmentation_fraction: float):
     """Whether a planned peak (bytes; a float or a numpy array of them) leaves under
@@ -57,14 +65,14 @@ def tight_warning(name: str, peak_bytes: float, usable_bytes: float, fragmentati
     flagged it), "" where the peak is not :func:`tight` (:func:`headroom_words`).
 
     >>> print(tight_warning("a", 64.5 * 2**30, 67.1 * 2**30, 0.0))
-    warning (a): tight: 2.6 GiB = 3.9% of the usable 67.1 GiB free, under 15% at [memory] fragmentation_fraction 0%; PyTorch's caching allocator was measured to lose about 15% to fragmentation in LLM training (GMLake, ASPLOS 2024), and search lists such a mesh after those that keep 15% free
+    warning (a): tight: 2.6 GiB = 3.9% of the usable 67.1 GiB free, under 15% at [memory] fragmentation_fraction 0%; PyTorch's caching allocator was measured to lose about 15% to fragmentation in LLM training (GMLake, ASPLOS 2024), and search lists such a mesh after those that keep 15% free; the planned peak's measured error: bench rank on an H200 measured peak allocated memory 6-36% above the plan, 0.2-10.7% above it since that gap was itemised (not re-measured; docs/fidelity.md)
     """
     words = headroom_words(peak_bytes, usable_bytes, fragmentation_fraction)
     if not words:
         return ""
     frac = f"{ALLOCATOR_FRAGMENTATION:.0%}"
     return (f"warning ({name}): {words} at [memory] fragmentation_fraction {fragmentation_fraction:.0%}; "
-            f"{FRAGMENTATION_SOURCE}, and search lists such a mesh after those that keep {frac} free")
+            f"{FRAGMENTATION_SOURCE}, and search lists such a mesh after those that keep {frac} free; {PEAK_ACCURACY}")
 
 
 def retry_warning(name: str, timelines) -> str:

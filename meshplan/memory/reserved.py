@@ -8,7 +8,13 @@ the same kind and role on any layer (``zero_grad`` frees every layer's sharded g
 A free that takes only part of an allocation splits it: the allocation was that many tensors,
 allocated back to back (a layer's saved activations freed step by step in its backward). The role
 tells FSDP's all-gather outputs from the unsharded parameters copied out of them, and a
-reduce-scatter's input from the unsharded gradient, which share a kind. Persistent state (a
+reduce-scatter's input from the unsharded gradient, which share a kind. DeepSpeed ZeRO-3's
+release of a layer (``"released (partitioned again)"``, role ``"release"``) takes its layer's
+gathered parameters of both roles (:data:`FREES_FROM`): ``free_param`` (deepspeedai/DeepSpeed
+edaa722 ``runtime/zero/partition_parameters.py:308-324``) sets ``param.data`` to an empty tensor,
+freeing whatever held it, the ``torch.cat`` copy of a coalesced prefetch (:784) or a view of an
+all-gather buffer (:1374, a prefetched part not copied: the buffer goes with its last view).
+Persistent state (a
 stage's parameters, its optimizer states) is one tensor per kind: its real per-parameter tensors
 round to 512 B or 2 MiB each, a few MiB of error at most. Kinds the allocator never sees
 (:data:`~meshplan.memory.passes.UNTRACKED_KINDS`: NCCL's and DeepEP's buffers, the stated
@@ -55,6 +61,9 @@ STEPS = 1
 #: longest such group looked for.
 KEEP = 3
 MAX_PERIOD = 4
+#: The roles whose live allocations a free of a role takes, in order (module docstring); a role
+#: not here takes only its own.
+FREES_FROM = {"release": ("", "all-gather")}
 #: The streams of :func:`stream_of`.
 STREAMS = ("compute", "FSDP all-gather copy-in", "FSDP reduce-scatter")
 
@@ -93,14 +102,19 @@ class Reserved:
 
 def role_of(kind: str, label: str) -> str:
     """Which tensors of a kind a free may match (module docstring): ``"all-gather"`` for FSDP's
-    and DeepSpeed's all-gather outputs and buffers, ``"reduce-scatter"`` for a reduce-scatter's
-    input, ``""`` otherwise.
+    and DeepSpeed's all-gather outputs and buffers, ``"release"`` for DeepSpeed ZeRO-3's release of
+    a layer's parameters (it takes both, :data:`FREES_FROM`), ``"reduce-scatter"`` for a
+    reduce-scatter's input, ``""`` otherwise.
 
     >>> role_of("gathered_params", "layer 3: all-gather output freed at layer 4's copy-out")
     'all-gather'
     >>> role_of("gathered_params", "layer 3: resharded after forward"), role_of("grad_buffers", "x: reduce-scatter done, input freed")
     ('', 'reduce-scatter')
+    >>> role_of("gathered_params", "layer 3: released (partitioned again) after forward")
+    'release'
     """
+    if kind == "gathered_params" and "released (partitioned again)" in label:
+        return "release"
     if kind == "gathered_params" and ("all-gather output" in label or "all-gather buffer" in label):
         return "all-gather"
     if kind == "grad_buffers" and "reduce-scatter" in label:
@@ -206,20 +220,21 @@ def _match(events: list) -> tuple[dict[int, list], dict[int, list], int]:
     parts: dict[int, list] = {}
     lost = 0
     for i, (layer, kind, delta, tag) in enumerate(events):
-        by_layer = live.setdefault((kind, tag[0]), {})
         if delta > 0:
-            by_layer.setdefault(layer, deque()).append([i, delta])
+            live.setdefault((kind, tag[0]), {}).setdefault(layer, deque()).append([i, delta])
             parts[i] = []
             continue
         left = -delta
-        q = by_layer.get(layer)
+        roles = [live.get((kind, r), {}) for r in FREES_FROM.get(tag[0], (tag[0],))]
+        q = roles[0].get(layer)
         if q:
             exact = next((r for r in q if r[1] == left), None)
             if exact is not None:
                 q.remove(exact)
                 parts[exact[0]].append([left, i])
                 continue
-        for queue in chain([q] if q else [], (d for lay, d in by_layer.items() if lay != layer)):
+        for queue in chain((d[layer] for d in roles if d.get(layer)),
+                           (other for d in roles for lay, other in d.items() if lay != layer)):
             while left and queue:
                 r = queue[0]
                 take = min(left, r[1])

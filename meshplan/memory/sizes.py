@@ -21,7 +21,7 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.spec.wording import shard_words, state_how
 from meshplan.units import dtype_bytes, human_bytes
 from meshplan.memory.buffers import bf16_lp_grad_bytes, bf16_step_bucket_bytes, bucket_what, deepspeed3_bucket_bytes, \
-    deepspeed3_ipg_bytes, hpz_secondary_bytes, ipg_elements
+    deepspeed3_ipg_bytes, hpz_secondary_bytes, hpz_secondary_words, ipg_elements
 from meshplan.memory.deepep_buffers import BufferBytes, entry as deepep_entry, rank_buffer
 from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
 from meshplan.memory.userbuffers import entry as ub_entry
@@ -53,10 +53,8 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
                     f"{opts.nccl_channels} channels x {opts.nccl_peers} peers"))
     out.extend(deepep_entry(deepep))
     out.append((None, "workspace", opts.workspace_bytes, f"cuBLAS workspace {human_bytes(opts.workspace_bytes)}"))
-    sec = hpz_secondary_bytes(training, state.params.total)
-    out.append((None, "params", sec, f"DeepSpeed ZeRO++ hpZ secondary partition: {state.params.total:,} / "
-                f"zero_hpz_partition_size {training.zero_hpz_partition_size} x {dtype_bytes(training.param_dtype)} B, "
-                "held from the step's first forward to the optimizer step"))
+    out.append((None, "params", hpz_secondary_bytes(training, state.params.total),
+                hpz_secondary_words(training, state.params.total)))
     out.append((None, "grads", bf16_lp_grad_bytes(training, state.params.total), f"BF16_Optimizer's bf16 gradients "
                 f"(param.grad, kept beside the fp32 ones from each backward to the next): {state.params.total:,} x "
                 f"{dtype_bytes(training.param_dtype)} B, whole on every rank"))

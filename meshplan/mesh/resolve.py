@@ -266,21 +266,13 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0,
     """
     world = spec.world or world
     pairs = _pairs(spec)
-    Layout(tuple(n for n, _ in pairs), tuple(1 for _ in pairs))  # name checks
-    for n, d in pairs:
-        if not isinstance(d, int) or d == 0 or d < -1:
-            raise ConfigError(f"mesh.{n}", f"degree {d} is not allowed; use a positive integer or -1 to infer")
-    inferred = [n for n, d in pairs if d == -1]
-    if len(inferred) > 1:
-        raise ConfigError("mesh", f"axes {inferred} are all -1; at most one degree can be inferred")
+    inferred = _checked_degrees(pairs)
     expert = {n: d for n, d in pairs if n in EXPERT_AXES}
     dense = [(n, d) for n, d in pairs if n not in EXPERT_AXES]
-    known = prod(d for _, d in dense if d != -1)
     derivation = []
-    if inferred and inferred[0] in EXPERT_AXES:
-        raise ConfigError(f"mesh.{inferred[0]}", "expert degrees cannot be -1; give ep and etp explicitly")
     if inferred:
         n = inferred[0]
+        known = prod(d for _, d in dense if d != -1)
         others = " * ".join(f"{m} {d}" for m, d in dense if m != n) or "1"
         if world % known:
             return Infeasible((f"{n} = -1 cannot be inferred: world {world} is not divisible by {others} = {known}",))
@@ -300,13 +292,37 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0,
             return Infeasible((f"ep({ep}) * etp({etp}) = {ep * etp} does not divide {expr} = {block}; "
                                f"rule: (dp_shard * cp * tp) % (ep * etp) == 0",))
         derivation.append(f"efsdp = {expr} / (ep {ep} * etp {etp}) = {block // (ep * etp)}")
+    derivation += _derived_lines(mesh)
+    return Mesh(layout=layout, ep=ep, etp=etp, derivation=tuple(derivation), sequence_parallel=spec.sequence_parallel,
+                user_names=tuple(n for n, _ in pairs if n not in filled))
+
+
+def _checked_degrees(pairs: list) -> list[str]:
+    """The axes of ``pairs`` (name, degree) given as -1, to infer; ConfigError for a bad axis
+    name (:class:`~meshplan.mesh.layout.Layout`'s checks), a degree of 0 or below -1, more than
+    one -1, or an expert axis (ep, etp) at -1."""
+    Layout(tuple(n for n, _ in pairs), tuple(1 for _ in pairs))  # name checks
+    for n, d in pairs:
+        if not isinstance(d, int) or d == 0 or d < -1:
+            raise ConfigError(f"mesh.{n}", f"degree {d} is not allowed; use a positive integer or -1 to infer")
+    inferred = [n for n, d in pairs if d == -1]
+    if len(inferred) > 1:
+        raise ConfigError("mesh", f"axes {inferred} are all -1; at most one degree can be inferred")
+    if inferred and inferred[0] in EXPERT_AXES:
+        raise ConfigError(f"mesh.{inferred[0]}", "expert degrees cannot be -1; give ep and etp explicitly")
+    return inferred
+
+
+def _derived_lines(mesh: Mesh) -> list[str]:
+    """``fsdp = dp_shard 8 * cp 2 = 16``: each derived axis (:data:`DERIVED`) that spans more than one
+    mesh axis, with its arithmetic."""
+    out = []
     for derived in DERIVED:
         axes = mesh.axes_of(derived)
         if len(axes) > 1:
-            derivation.append(f"{derived} = " + " * ".join(f"{a} {layout.degree(a)}" for a in axes)
-                              + f" = {mesh.degree(derived)}")
-    return Mesh(layout=layout, ep=ep, etp=etp, derivation=tuple(derivation), sequence_parallel=spec.sequence_parallel,
-                user_names=tuple(n for n, _ in pairs if n not in filled))
+            out.append(f"{derived} = " + " * ".join(f"{a} {mesh.layout.degree(a)}" for a in axes)
+                       + f" = {mesh.degree(derived)}")
+    return out
 
 
 def resolved_mesh(spec: MeshSpec, world: int) -> Mesh:

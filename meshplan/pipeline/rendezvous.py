@@ -200,68 +200,85 @@ def link_load(transfers: list[tuple[float, float]]) -> float:
 def simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> PipelineResult:
     """:func:`~meshplan.pipeline.simulate.simulate` with Megatron-LM 2022's blocking calls (module docstring): a unit
     starts when the call before it ends (its input arrived in that call or an earlier one)."""
-    p, v, sched = spec.p, spec.v, spec.sched
-    peers, xfer = calls(spec, orders)
-    load = call_seconds(spec, xfer)
-    ends: list[list[float]] = [[] for _ in range(p)]
-    evs: list[list[Event]] = [[] for _ in range(p)]
-
-    def posted(stage: int, pos: int) -> bool:
-        return pos < len(ends[stage])
-
-    def post(stage: int, pos: int) -> float:
-        """When ``stage`` issues its call after position ``pos`` (its unit's end; 0 before the first)."""
-        return 0.0 if pos < 0 else ends[stage][pos]
-
-    def call_end(s: int, pos: int) -> Optional[tuple[float, Optional[tuple[int, int]]]]:
-        """(end of the call after position pos, the binding peer (stage, position) or None),
-        or None while a peer has not posted."""
-        mine = peers.get((s, pos), [])
-        if not all(posted(*x) for x in mine):
-            return None
-        e, best, top = post(s, pos), None, 0.0
-        for x in mine:  # sorted: the first latest peer binds
-            t = post(*x)
-            if t > e and (best is None or t > top):
-                best, top = x, t
-        return (max([e] + [post(*x) for x in mine]) + load[(s, pos)] if mine else e), best
-
-    events: list[Event] = []
+    p, v = spec.p, spec.v
+    st = _Calls(spec, orders)
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for s in range(p):
-            while len(ends[s]) < len(orders[s]):
-                i = len(ends[s])
-                got = call_end(s, i - 1)
-                if got is None:
-                    break
-                free, best = got
-                u = orders[s][i]
-                (a, ia), send, recv, _, recv_async = xfer.get((s, i), ((s, i), (s, i), (s, i), False, False))
-                if recv_async and not posted(*send):  # its input is waited for at the unit: sent yet?
-                    break
-                start = free
-                link = spec.transfer_s(a, s) if (s, i) in xfer else 0.0  # its boundary's
-                if link > 0:
-                    x0 = max(post(*send), post(*recv))
-                    events.append(Event(a, "pp", f"send {evs[a][ia].name}", x0, x0 + link))
-                pred, via = (evs[best[0]][best[1]], "p2p") if best else (evs[s][-1] if i else None, "stream")
-                if recv_async and (ready := max(post(*send), post(*recv)) + link) > free:
-                    start = ready  # the transfer, started once both sides posted, ends after the call
-                    pred, via = evs[send[0]][send[1]] if post(*send) >= post(*recv) else evs[s][recv[1]], "p2p"
-                ev = Event(s, "compute", u.label(v), start, start + spec.unit_s(s, u),
-                           {"kind": u.kind, "mb": u.mb, "chunk": u.chunk, "via": via, "wait_s": start - free,
-                            "pred": pred})
-                events.append(ev)
-                evs[s].append(ev)
-                ends[s].append(ev.end_s)
+            while len(st.ends[s]) < len(orders[s]) and st.place(s):
                 remaining -= 1
                 progressed = True
         if not progressed:
-            stuck = {s: orders[s][len(ends[s])].label(v) for s in range(p) if len(ends[s]) < len(orders[s])}
+            stuck = {s: orders[s][len(st.ends[s])].label(v) for s in range(p) if len(st.ends[s]) < len(orders[s])}
             raise RuntimeError(f"schedule {spec.schedule} deadlocks at {stuck}")
-    stage_ends = [got[0] for s in range(p) if (got := call_end(s, len(orders[s]) - 1)) is not None]
-    busy = busy_times(events, p)
-    last = [evs[s][-1] if evs[s] else None for s in range(p)]
-    return PipelineResult(spec, tuple(events), max(stage_ends), busy, critical_path_of(last, stage_ends))
+    stage_ends = [got[0] for s in range(p) if (got := st.call_end(s, len(orders[s]) - 1)) is not None]
+    busy = busy_times(st.events, p)
+    last = [st.evs[s][-1] if st.evs[s] else None for s in range(p)]
+    return PipelineResult(spec, tuple(st.events), max(stage_ends), busy, critical_path_of(last, stage_ends))
+
+
+class _Calls:
+    """What :func:`simulate_rendezvous` has placed so far: each stage's unit ends (seconds) and
+    events, all events in the order placed (transfers included), with the calls' peers and
+    transfers (:func:`calls`) and each call's seconds (:func:`call_seconds`)."""
+
+    def __init__(self, spec: PipelineSpec, orders: list[list[Unit]]):
+        self.spec, self.orders = spec, orders
+        self.peers, self.xfer = calls(spec, orders)
+        self.load = call_seconds(spec, self.xfer)
+        self.ends: list[list[float]] = [[] for _ in range(spec.p)]
+        self.evs: list[list[Event]] = [[] for _ in range(spec.p)]
+        self.events: list[Event] = []
+
+    def posted(self, stage: int, pos: int) -> bool:
+        return pos < len(self.ends[stage])
+
+    def post(self, stage: int, pos: int) -> float:
+        """When ``stage`` issues its call after position ``pos`` (its unit's end; 0 before the first)."""
+        return 0.0 if pos < 0 else self.ends[stage][pos]
+
+    def call_end(self, s: int, pos: int) -> Optional[tuple[float, Optional[tuple[int, int]]]]:
+        """(end of the call after position pos, the binding peer (stage, position) or None),
+        or None while a peer has not posted."""
+        mine = self.peers.get((s, pos), [])
+        if not all(self.posted(*x) for x in mine):
+            return None
+        e, best, top = self.post(s, pos), None, 0.0
+        for x in mine:  # sorted: the first latest peer binds
+            t = self.post(*x)
+            if t > e and (best is None or t > top):
+                best, top = x, t
+        return (max([e] + [self.post(*x) for x in mine]) + self.load[(s, pos)] if mine else e), best
+
+    def place(self, s: int) -> bool:
+        """Place stage ``s``'s next unit, and the send that brought its input across its boundary
+        (``spec.transfer_s``; from when both sides posted): it starts when the call before it ends,
+        or, where its input is waited for at the unit (``recv_async``), once that transfer is done.
+        False (nothing placed) while a peer of that call has not posted or that input is not sent yet."""
+        spec, v, evs = self.spec, self.spec.v, self.evs
+        i = len(self.ends[s])
+        got = self.call_end(s, i - 1)
+        if got is None:
+            return False
+        free, best = got
+        u = self.orders[s][i]
+        (a, ia), send, recv, _, recv_async = self.xfer.get((s, i), ((s, i), (s, i), (s, i), False, False))
+        if recv_async and not self.posted(*send):  # its input is waited for at the unit: sent yet?
+            return False
+        start = free
+        link = spec.transfer_s(a, s) if (s, i) in self.xfer else 0.0  # its boundary's
+        if link > 0:
+            x0 = max(self.post(*send), self.post(*recv))
+            self.events.append(Event(a, "pp", f"send {evs[a][ia].name}", x0, x0 + link))
+        pred, via = (evs[best[0]][best[1]], "p2p") if best else (evs[s][-1] if i else None, "stream")
+        if recv_async and (ready := max(self.post(*send), self.post(*recv)) + link) > free:
+            start = ready  # the transfer, started once both sides posted, ends after the call
+            pred, via = evs[send[0]][send[1]] if self.post(*send) >= self.post(*recv) else evs[s][recv[1]], "p2p"
+        ev = Event(s, "compute", u.label(v), start, start + spec.unit_s(s, u),
+                   {"kind": u.kind, "mb": u.mb, "chunk": u.chunk, "via": via, "wait_s": start - free,
+                    "pred": pred})
+        self.events.append(ev)
+        evs[s].append(ev)
+        self.ends[s].append(ev.end_s)
+        return True

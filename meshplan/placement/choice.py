@@ -208,6 +208,38 @@ def _equivalent_names(mesh: Mesh, inner, outer, r2g: np.ndarray) -> Optional[tup
     return names if np.array_equal(lay.grid().transpose(perm).reshape(-1), np.argsort(r2g)) else None
 
 
+def _best(mesh: Mesh, cluster: ClusterSpec, w, current, before, step_s, t_before) -> tuple[tuple, Optional[float]]:
+    """((weak-path bytes, placement, rank -> GPU, inner axes, outer axes) of the best candidate,
+    its step seconds or None without ``step_s``): over each fill order's distinct placement
+    (:func:`fill_orders`, :func:`fill`, :func:`slot_gpus`), the fewest weak-path bytes; with
+    ``step_s``, the shortest step among those shorter than the given placement's (``t_before``)
+    by more than :data:`~meshplan.spec.search.TIE` (at an equal step, the fewer bytes); the given
+    placement ``current`` (``before`` its bytes) where none is."""
+    world = mesh.world
+    best: tuple = (before, current, np.asarray(current.global_gpu), [], [])
+    t_best = t_before
+    capacity = min(cluster.node.nvlink_domain_gpus or cluster.node.gpus, world)
+    slots, seen = slot_gpus(cluster, world), {current.global_gpu.tobytes()}
+    for order in fill_orders(mesh, w):
+        inner, outer = fill(mesh, order, capacity)
+        r2g = slots[rank_to_slot(mesh, inner, outer)]
+        if r2g.tobytes() in seen:
+            continue
+        seen.add(r2g.tobytes())
+        p = place(cluster, world, r2g)
+        score = weak_bytes(mesh, p, w)
+        if step_s is None:
+            if score.total < best[0].total * (1 - 1e-9):
+                best = (score, p, r2g, inner, outer)
+            continue
+        t = step_s(r2g)
+        if t_before is not None and t >= t_before * (1 - TIE):
+            continue  # within the tie band of the given placement: no gain the model can tell
+        if best[1] is current or t_best is None or t < t_best or (t == t_best and score.total < best[0].total * (1 - 1e-9)):
+            best, t_best = (score, p, r2g, inner, outer), t
+    return best, t_best
+
+
 def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping[str, float]] = None,
                      rank_to_gpu=None, search: bool = True, source: str = "given",
                      step_s: Optional[Callable[[np.ndarray], float]] = None,
@@ -241,28 +273,9 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
     world = mesh.world
     current = place(cluster, world, rank_to_gpu)
     before = weak_bytes(mesh, current, w)
-    best: tuple = (before, current, np.asarray(current.global_gpu), [], [])
     t_before = step_s(np.asarray(current.global_gpu)) if step_s is not None else None
-    t_best = t_before
-    capacity = min(cluster.node.nvlink_domain_gpus or cluster.node.gpus, world)
-    slots, seen = slot_gpus(cluster, world), {current.global_gpu.tobytes()}
-    for order in fill_orders(mesh, w) if search else []:
-        inner, outer = fill(mesh, order, capacity)
-        r2g = slots[rank_to_slot(mesh, inner, outer)]
-        if r2g.tobytes() in seen:
-            continue
-        seen.add(r2g.tobytes())
-        p = place(cluster, world, r2g)
-        score = weak_bytes(mesh, p, w)
-        if step_s is None:
-            if score.total < best[0].total * (1 - 1e-9):
-                best = (score, p, r2g, inner, outer)
-            continue
-        t = step_s(r2g)
-        if t_before is not None and t >= t_before * (1 - TIE):
-            continue  # within the tie band of the given placement: no gain the model can tell
-        if best[1] is current or t_best is None or t < t_best or (t == t_best and score.total < best[0].total * (1 - 1e-9)):
-            best, t_best = (score, p, r2g, inner, outer), t
+    best, t_best = _best(mesh, cluster, w, current, before, step_s, t_before) if search else \
+        ((before, current, np.asarray(current.global_gpu), [], []), t_before)
     after, p, r2g, inner, outer = best
     changed = p is not current
     choice = Choice(mesh=mesh, rank_to_gpu=r2g, placement=p, before=before, after=after, weights=w,

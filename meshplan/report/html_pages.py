@@ -30,10 +30,12 @@ from meshplan.report.html import (
     table,
     verdict_html,
 )
+from meshplan.memory.buffers import hpz_secondary_words
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes, reserved_line
 from meshplan.report.plan_warnings import plan_notes, plan_warnings
 from meshplan.report.memory_plot import png_bytes
+from meshplan.spec.accuracy import mfu_caveat
 from meshplan.report.search import count_lines, header_lines, outcome_rows, rejected_lines, table_lines, top_table
 from meshplan.report.search_fix import infeasible_verdict
 from meshplan.report.search_lines import configured_lines, table_heading
@@ -121,6 +123,8 @@ def _memory(plan: Plan, name: str) -> str:
                          f"headroom to {held}")
     body += table(["stage", "persistent state per rank (GiB)"],
                   [(s.stage, f"{s.total_bytes / GiB:.2f}") for s in plan.state])
+    sec = hpz_secondary_words(plan.config.training, max(plan.state, key=lambda s: s.total_bytes).params.total)
+    body += lines([f"also held beside it: {sec}"]) if sec else ""  # the text report's line (report.text)
     tl, notes = plan.timeline, kind_notes(plan)
     body += table(["kind", "at peak (GiB)", "max in step (GiB)", "what"],
                   [(k, f"{tl.peak.by_kind[k] / GiB:.2f}", f"{tl.max_by_kind[k] / GiB:.2f}", notes[k]) for k in KINDS
@@ -252,6 +256,6 @@ def search_page(r: SearchResult, name: str, note: str = "") -> str:
                                 table(columns, rows) + lines(table_lines(r)))
     body = [section("Searched", lines(header_lines(r))), ranked,
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r) + lines(count_lines(r))
-                    + lines(f"note: {n}" for n in r.notes))]
+                    + lines([f"note: {n}" for n in r.notes] + [mfu_caveat()]))]
     return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}"
                 + (f"; {note}" if note else ""), body)

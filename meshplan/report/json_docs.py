@@ -19,12 +19,14 @@ from importlib import resources
 from typing import Any, Optional, Sequence
 
 from meshplan import __version__
+from meshplan.compute.megatron_core import runtime_followed
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.score import weights_from_table
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import plain_data, timeline_summary
+from meshplan.report.plan_warnings import plan_warnings
 from meshplan.schedule.link_spill import other_stage_loads
-from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.linkload import concurrency, edge_loads, step_rows, timings
 from meshplan.schedule.nic_sharing import nic_waits
 from meshplan.schedule.stage_balance import closed_form, uniform_bubble
 from meshplan.schedule.stage_traffic import traffic_stage
@@ -115,12 +117,14 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU (and ``torchtitan_mfu``, the
     MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, its dense or MoE formula, null off framework
     torch; ``megatron_throughput_flops_per_s``, what Megatron-LM's --log-throughput logs per GPU, FLOP/s:
-    StepTime.megatron_throughput, null off framework megatron), critical path, readiness of
+    StepTime.megatron_throughput, null off framework megatron; ``megatron_runtime``, the generation it models,
+    :func:`meshplan.compute.megatron_core.runtime_followed`), critical path, readiness of
     each collective, concurrency and what sharing NICs cost each stream (``nic_sharing_s``:
     :func:`meshplan.schedule.nic_sharing.nic_waits`, stage 0), load per physical link, bytes each rank sends per step by axis on
     the stage whose ranks send the most (``sent_bytes_stage``,
     :func:`meshplan.schedule.stage_traffic.traffic_stage`: not a MoE model's dense stage 0), the
-    network verdict. ``bw``: :func:`meshplan.schedule.waits.bubble_wait`
+    network verdict, the ``warnings`` the text prints beside it (:func:`meshplan.report.plan_warnings.plan_warnings`:
+    tight, retry, the measured-error setting's note; newcomer trial 51). ``bw``: :func:`meshplan.schedule.waits.bubble_wait`
     of ``st``, as the verdict lines were made with it (computed once by the caller)."""
     p = st.pipeline
     return envelope("step", plan, step_s=st.step_s, schedule=_schedule(st), stages=p.spec.p,
@@ -131,14 +135,15 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     sm_contention_s=st.contention_s(),
                     most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu, torchtitan_mfu=st.torchtitan_mfu,
                     megatron_throughput_flops_per_s=st.megatron_throughput,
+                    megatron_runtime=runtime_followed(plan.config.model, plan.config.training),
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
-                    collectives=[_timing(t) for t in timings(st)],
+                    collectives=[_timing(t, step_rows(plan, t)) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
                     nic_sharing_s=[{"stream": a, "beside": b, "seconds": v} for (a, b), v in sorted(nic_waits(st).items())],
                     links=[_link(e) for e in edge_loads(plan, st)], other_stage_links=_other_links(plan, st),
                     sent_bytes_per_step=weights_from_table(plan.stage(traffic_stage(plan)).collectives),
                     sent_bytes_stage=traffic_stage(plan),
-                    verdict=list(verdict), notes=list(st.notes), trace=trace)
+                    verdict=list(verdict), notes=list(st.notes), warnings=plan_warnings(plan), trace=trace)
 
 
 def _bubbles(spec) -> dict[str, Optional[dict[str, float]]]:
@@ -165,13 +170,14 @@ def _schedule(st) -> Optional[str]:
     return None if spec.p == 1 else str(spec.schedule)
 
 
-def _timing(t) -> dict[str, Any]:
+def _timing(t, rows: str = "") -> dict[str, Any]:
     """One readiness row (:class:`~meshplan.schedule.linkload.Timing`) with its slack; ``issued``
-    only where a per-step row goes out inside the last backward (the table's ``step`` phase)."""
+    only where a per-step row goes out inside the last backward or after it; ``rows`` only on a
+    ``step`` row: the cadences of the plan rows it stands for (:func:`~meshplan.schedule.linkload.step_rows`)."""
     doc = dict(plain_data(t), slack_s=t.slack_s)
     if not doc["issued"]:
         del doc["issued"]
-    return doc
+    return {**doc, "rows": rows} if rows else doc
 
 
 def _link(e) -> dict[str, Any]:

@@ -8,7 +8,8 @@ mapping or why not), ``groups``
 (axis -> list of rank lists), ``placement`` (per-rank arrays), ``flags``, ``shapes``,
 ``memory``, ``memory_timeline`` (per stage: peak bytes, when, bytes per kind at the peak and
 their maxima, headroom), ``constraints``, ``collectives``; ``input`` also holds the
-``[memory]`` parameters. Units are SI (bytes, seconds, bytes/s) and named in keys.
+``[memory]`` parameters; ``megatron_runtime`` (framework megatron, else null) the
+Megatron-LM generation the plan models (:func:`meshplan.compute.megatron_core.runtime_followed`). Units are SI (bytes, seconds, bytes/s) and named in keys.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any
 
 from meshplan import __version__
 from meshplan.fileio import write_output
+from meshplan.compute.megatron_core import runtime_followed
 from meshplan.memory.timeline import Timeline
 from meshplan.mesh.axes import megatron_lm_order
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import SCHEMA, Infeasible, Plan
+from meshplan.report.plan_warnings import plan_warnings
 
 
 def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
@@ -37,7 +40,8 @@ def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
                   "training": c.training.model_dump(), "mesh": plan.spec.model_dump(),
                   "memory": c.memory.model_dump()},
         "world": plan.world, "feasible": plan.feasible, "reasons": list(plan.reasons),
-        "notes": list(plan.notes), "constraints": plain_data(plan.constraints),
+        "notes": list(plan.notes), "warnings": plan_warnings(plan), "constraints": plain_data(plan.constraints),
+        "megatron_runtime": runtime_followed(c.model, c.training),
     }
     mesh, p = plan.mesh, plan.placement
     if mesh is None or p is None:

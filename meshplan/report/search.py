@@ -102,6 +102,8 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
         cc = candidate_config(cfg, r.candidates, e.index)
         d["input"] = {"training": cc.training.model_dump(), "mesh": cc.mesh.model_dump() if cc.mesh else None}
         top.append(d)
+    if top:  # the measured-error setting line the text prints under the table for row 1 (newcomer trial 51)
+        top[0]["accuracy_warning"] = next(iter(setting_lines(r)), None)
     return {"schema": SCHEMA, "meshplan_version": __version__, "candidates": len(r.candidates),
             "options": cfg.search.model_dump(), "usable_bytes": r.usable_bytes, "proven": r.proven,
             "below_threshold_kept": r.below_threshold_kept, "wall_s": r.wall_s, "timings_s": r.timings,
@@ -110,6 +112,7 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
                                                        for k, e in enumerate(r.variants)],
             "top_vs_runner_up": r.explanation.to_dict() if r.explanation else None,
             "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes),
+            "accuracy_note": mfu_caveat(),
             "first_clear_row": clear, "headroom_tiers": tiers_to_dict(r),
             "no_feasible_mesh": infeasible_verdict(r)} | (
         {"configured": r.configured.to_dict()} if r.configured else {})  # the config's [mesh], where it has one

@@ -8,7 +8,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.shapes import fused_qkv_words
+from meshplan.memory.buffers import hpz_secondary_words
 from meshplan.memory.state_estimates import megatron_estimate, megatron_withheld, zero_textbook_bytes
 from meshplan.mesh.axes import order_words
 from meshplan.mesh.resolve import Mesh
@@ -121,7 +123,9 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
     if m.rope_scaling is not None and m.rope_scaling.note(t.seq_len):  # only past the original context
         con.print(f"        {m.rope_scaling.note(t.seq_len)}")
     con.print(f"cluster {shown(cl.name)}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
-              f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
+              f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node"
+              f"{' RoCEv2 (step notes how they are timed)' if any(n.transport == 'roce' for n in cl.node.nics) else ''}, "
+              f"world {plan.world}")
     tokens = t.global_batch * t.seq_len
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
               f"{t.micro_batch}, sharding {sharding_words(t, c.origin, plan_replicates(plan))}, "
@@ -129,6 +133,8 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
               f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines))}{_block_layers(plan)}), "
               f"{t.dtype_words}, "
               f"reserve {t.memory_reserve:.0%}")
+    if (mg := runtime_followed(m, t)) is not None:  # which Megatron-LM generation the step models
+        con.print(f"        {mg['line']}")
 
 
 def _block_layers(plan) -> str:
@@ -260,6 +266,10 @@ def _memory(plan: Plan, con: Console) -> None:
         con.print(f"[dim]DeepSpeed BF16_Optimizer also keeps the bf16 gradients (param.grad) beside the fp32 ones, "
                   f"whole, from each backward to the next: stage {big.stage} {big.params.total:,} x 2 B = "
                   f"{human_bytes(2 * big.params.total)} (in the memory timeline; its step reads the fp32 ones)[/]")
+    sec = hpz_secondary_words(t, max(states, key=lambda s: s.total_bytes).params.total)
+    if sec:  # held beside this state, in the memory timeline (memory.buffers.hpz_secondary_bytes)
+        con.print(f"[dim]also held beside it: {sec} (in the memory timeline and the first estimate; not in the "
+                  "textbook accounting)[/]")
     for line in _accounting_lines(plan, max(states, key=lambda s: s.total_bytes)):
         con.print(f"[dim]{line}[/]")
     e = plan.constraints.estimate

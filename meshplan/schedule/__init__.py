@@ -1,5 +1,5 @@
 """Scheduled step (layer 11): per-unit compute and communication streams of one rank
-(:mod:`.rank_timeline`, with :mod:`.comm_times`, :mod:`.unit_sim`, :mod:`.layer_timeline`,
+(:mod:`.rank_timeline`, :mod:`.backward_pass`, with :mod:`.comm_times`, :mod:`.unit_sim`, :mod:`.layer_timeline`,
 :mod:`.deepspeed_layer`, :mod:`.grad_reduce`), the step time of a plan (:mod:`.steptime`, with
 :mod:`.workload`, :mod:`.overlap_policy`, :mod:`.unit_times`, :mod:`.pipeline_exposure`,
 :mod:`.optimizer_step`, :mod:`.step_end`, :mod:`.step_summary`, :mod:`.tp_overlap_lines`),

@@ -5,7 +5,8 @@ of the step or more, the config re-planned with the knobs that shrink a bubble (
 those that fit memory with a step shorter by more than :data:`~meshplan.spec.search.TIE` (1%,
 :func:`~meshplan.schedule.verdict.clearly_faster`, the rule of every ``hint:`` line) listed, the
 fastest :data:`MAX_SHOWN` first, each with its step, its change against this step, its own bubble
-share and its peak; nothing when none helps.
+share and its peak; when none helps, a ``note: no bubble hint`` line naming each knob tried and
+why it was dropped (:func:`no_hint_note`).
 
 The knobs, each on its own, as a practitioner turns them (Narayanan et al. SC'21 2.2: the
 1F1B bubble ``(p - 1) / m`` over ``v`` chunks per rank and ``m`` micro-batches; Qi et al. 2023,
@@ -40,10 +41,12 @@ import json
 from typing import Callable, Optional
 
 from meshplan.interop.torchtitan_tables import default_split
+from meshplan.memory.constraints import usable_bytes
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
 from meshplan.plan_runtime import split_backward_ac_warning
-from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster
+from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, knob_outcome
+from meshplan.spec.search import TIE
 from meshplan.spec.mesh import MeshSpec, Schedule
 from meshplan.units import GiB, counted, step_seconds
 
@@ -68,21 +71,57 @@ def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]
     bubble: each of :func:`bubble_knobs` re-planned by ``alternatives(update, mesh)``
     (:func:`~meshplan.schedule.verdict.rebuilt_step`), those that fit with a step shorter by more
     than :data:`~meshplan.spec.search.TIE` (:func:`~meshplan.schedule.verdict.clearly_faster`), the
-    fastest :data:`MAX_SHOWN`; none otherwise, when none helps, or without ``alternatives``.
+    fastest :data:`MAX_SHOWN`; when none helps the ``note:`` saying why (:func:`no_hint_note`); none
+    under the share or without ``alternatives``.
     examples/llama3-405b_16384xh100_tp8-pp16-dp128.toml (1F1B, pp 16, 16 micro-batches): stage
     0 idles 50.3% of a 13.78 s step (tests/test_step_bubble_hint.py)."""
     share = bubble_share(st)
     if alternatives is None or share < HINT_SHARE:
         return []
-    found = _fastest(st, bubble_knobs(plan), alternatives)
+    knobs = bubble_knobs(plan)
+    found = _fastest(st, knobs, alternatives)
+    p, idle = st.pipeline.spec, st.parts_s()["bubble"]
+    head = (f"the pipeline bubble on stage {st.critical_stage} is {share:.1%} of the step ({idle:.2f} s of "
+            f"{step_seconds(st.step_s)}; {p.schedule}, pp {p.p}, {counted(plan.micro_batches, 'micro-batch')} per step)")
     if not found:
-        return []
+        return [no_hint_note(plan, st, head, knobs, alternatives)]
     items = [f"{words} (step {step_seconds(s)}, {s / st.step_s - 1:+.1%}, bubble {bubble_share(alt.step):.1%} of it, "
              f"peak {alt.peak_bytes / GiB:.1f} GiB fits)" for s, words, alt in found]
-    p, idle = st.pipeline.spec, st.parts_s()["bubble"]
-    head = (f"hint: the pipeline bubble on stage {st.critical_stage} is {share:.1%} of the step ({idle:.2f} s of "
-            f"{step_seconds(st.step_s)}; {p.schedule}, pp {p.p}, {counted(plan.micro_batches, 'micro-batch')} per step)")
-    return [f"{head}: shorter with " + "; ".join(items)]
+    return [f"hint: {head}: shorter with " + "; ".join(items)]
+
+
+def no_hint_note(plan: Plan, st, head: str, knobs: list[Knob], alternatives: Callable[..., Replanned]) -> str:
+    """The ``note: no bubble hint`` line where the bubble holds :data:`HINT_SHARE` of the step but
+    no knob helps (newcomer trial 51 #2; as :func:`meshplan.schedule.tp_hint.silent_note`): each
+    knob tried and why it was dropped (:func:`_outcome`: refused or infeasible, its step where it is
+    not more than :data:`~meshplan.spec.search.TIE` shorter, its peak where it does not fit), ``; ``
+    between them, and the usable memory where one does not fit; or that no knob applies to this
+    pipeline (:func:`bubble_knobs`). tests/data/nc52a/a_h100_cp2_edge.toml (Llama-3-405B, pp 16,
+    ZeRO-1, Megatron-LM, 30% reserved: 55.4 GiB usable): the bubble is 15.7% of a 39.55 s step,
+    virtual stages 2 and 4 peak at 65.5 and 59.0 GiB, pp 8 steps +0.3% (tests/test_step_bubble_hint.py)."""
+    if not knobs:
+        return (f"note: no bubble hint: {head}, but no knob applies (virtual stages 2 and 4 under 1F1B, GPipe "
+                f"or interleaved 1F1B, half a micro-batch above 1, the zero-bubble schedules under framework "
+                f"torch, pp / 2 at an even pp)")
+    outcomes = [f"{words}: {_outcome(st, update, mesh, alternatives)}" for words, update, mesh in knobs]
+    usable = usable_bytes(plan.config.cluster, plan.config.training) / GiB
+    room = f" ({usable:.1f} GiB usable per GPU)" if any(o.endswith("does not fit") for o in outcomes) else ""
+    return (f"note: no bubble hint: {head}, but none re-planned fits with a step more than {TIE:.0%} shorter: "
+            f"{'; '.join(outcomes)}{room}")
+
+
+def _outcome(st, update: dict, mesh: Optional[MeshSpec], alternatives: Callable[..., Replanned]) -> str:
+    """Why one knob is not in the hint (:func:`~meshplan.schedule.verdict.knob_outcome`): with
+    :class:`~meshplan.schedule.verdict.Rebuilt`, its step where it is not clearly shorter (its
+    memory not planned, as :func:`_fastest` leaves it), else its fitted outcome (cached there)."""
+    stepped = getattr(alternatives, "stepped", None)
+    if stepped is not None:
+        first = stepped(update, mesh)
+        if first.step_s is not None and not clearly_faster(st.step_s, first.step_s):
+            return knob_outcome(st.step_s, Replanned("", first.step_s))
+        if first.step_s is not None:
+            return knob_outcome(st.step_s, alternatives.fitted(first))  # type: ignore[attr-defined]
+    return knob_outcome(st.step_s, alternatives(update, mesh))
 
 
 def _fastest(st, knobs: list[Knob], alternatives: Callable[..., Replanned]) -> list[tuple[float, str, Replanned]]:

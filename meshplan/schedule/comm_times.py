@@ -203,7 +203,10 @@ class CommTimes:
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
         """From a stage's collective rows; ``layers``: transformer layers of the stage;
         ``sm_share``: row -> fraction of the GPU's SMs its NCCL kernel holds while it runs
-        (:func:`nccl_sm_share`), kept per key in ``share`` and per kind under (kind,)."""
+        (:func:`nccl_sm_share`), kept per key in ``share`` and per kind under (kind,). Each row by
+        its kind: hpZ's micro-batch 0 gathers apart (:func:`_hpz_first`), the per-step rows
+        (:func:`_step_row`), the FSDP/ZeRO-3 rows (:func:`_shard_row`), the rest per stream
+        (:func:`_stream_row`); then the registered axes' slots that have rows."""
         c, other = cls(layers=layers), []
         zp: dict = {}  # ZeRO++'s gathers: key -> (seconds x calls, calls) per step
         for r in rows:
@@ -216,65 +219,15 @@ class CommTimes:
                 key = (kind, _row_group(kind, r), r.phase, _slot_op(kind, r))
                 c.share[key] = f
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
-            ds = DEEPSPEED_BUCKET_CADENCE in r.cadence
-            c.bucket_wait = c.bucket_wait or ds
-            lab = step_stream(r) if kind == "step" else ""
-            if kind == "step" and r.op != "all-gather":
-                c.reduce_ops_by[lab] = c.reduce_ops_by.get(lab, frozenset()) | {r.op}
-                c.reduce_phases_by[lab] = c.reduce_phases_by.get(lab, frozenset()) | {r.phase}
-            if kind == "step" and (ZERO2_CADENCE in r.cadence or (ds and r.per_microbatch)):  # one micro-batch's
-                c.mb_reduce_s += r.time_s * r.per_microbatch
-                _add_to(c.mb_reduce_by, lab, r.time_s * r.per_microbatch)
-                c.mb_buckets += r.per_microbatch
-            elif kind == "step":  # every call of the row (torch's SP norm gradients: 3 per norm per step)
-                if r.op == "all-gather":  # a synchronous call's host time (DeepSpeed ZeRO-3's persistent
-                    # gather) runs beside its GPU time: the later of the two ends it
-                    c.step_gather_s += max(r.time_s, r.host_s) * max(r.per_step, 1)
-                    _add_to(c.step_gather_by, lab, max(r.time_s, r.host_s) * max(r.per_step, 1))
-                    c.gather_buckets += max(r.per_step, 1)
-                else:
-                    c.step_reduce_s += r.time_s * max(r.per_step, 1)
-                    _add_to(c.step_reduce_by, lab, r.time_s * max(r.per_step, 1))
-                    c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence or ds else 0
-            elif kind == "kv":
-                c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
-            elif kind == "float8_step" and r.axis == Axis.TP:
-                c.float8_tp_step_s += r.time_s * max(r.per_step, 1)
-            elif kind == "float8_step":
-                c.float8_step_s += r.time_s * max(r.per_step, 1)
-            elif kind == "pp":
-                c.p2p_s = max(c.p2p_s, r.time_s)
-            elif kind == "pp_gather":
-                c.p2p_gather_s = max(c.p2p_gather_s, r.time_s)
-            elif kind == "loss":
-                c.loss_s += r.time_s * r.per_microbatch
-            elif kind == "tp_async":
-                c.async_s += r.time_s * r.per_microbatch / max(layers, 1)
+            c.bucket_wait = c.bucket_wait or DEEPSPEED_BUCKET_CADENCE in r.cadence
+            if kind == "step":
+                _step_row(c, r)
             elif kind == "other":
                 other.append(f"{r.axis} {r.phase} {r.op} ({r.cadence})")
-            elif kind == "shard" and DEEPSPEED_CADENCE in r.cadence:  # per-parameter calls: their sum per unit
-                group = shard_group(r.cadence)
-                # the gradient buckets' all-reduces take the unit's reduction slot (named AR in the timeline)
-                op = "reduce-scatter" if r.op == "all-reduce" else r.op
-                c.shard_reduce_op = r.op if r.op == "all-reduce" else c.shard_reduce_op
-                key, per = (kind, group, r.phase, op), r.per_microbatch / (max(layers, 1) if group == "layer" else 1)
-                c.t[key] = c.t.get(key, 0.0) + r.time_s * per
-                c.host[(group, r.phase)] = c.host.get((group, r.phase), 0.0) + r.host_s * per
-                if deepspeed.FLUSHED in r.cadence:  # a gradient reduction: where its bucket is flushed
-                    module = r.cadence.split(deepspeed.FLUSHED)[1].rstrip(")")
-                    at = (group, DS_ALIAS.get(module, module))
-                    bucket = r.op == "all-reduce" or "first of its bucket" in r.cadence
-                    sec, n = c.ds_flush.get(at, (0.0, 0.0))
-                    c.ds_flush[at] = (sec + r.time_s * per, n + per * bucket)
-            elif kind == "shard" and REUSE_PART in r.cadence:
-                pass  # its seconds are a share of the unit's (rank_timeline._layer_gather, Overlap.fsdp_backward)
-            elif kind == "shard" and zeropp.MARK in r.cadence:
-                _zeropp_row(c, zp, r, layers)
+            elif kind == "shard":
+                _shard_row(c, zp, r, layers)
             else:
-                group = _row_group(kind, r)
-                c.t[(kind, group, r.phase, r.op)] = r.time_s
-                if kind == "shard" and r.copy_s:
-                    c.copies[(group, r.op)] = max(r.copy_s, c.copies.get((group, r.op), 0.0))
+                _stream_row(c, kind, r, layers)
         for key, (num, calls) in zp.items():  # ZeRO++'s gathers: a unit's call, the mean over the step's
             c.t[key] = num / calls
         c.other = tuple(other)
@@ -327,6 +280,101 @@ def _hpz_first(c: CommTimes, r, sm_share) -> None:
     if sm_share is not None and (x := sm_share(r)) > 0:
         f["share"][key] = x
     f["copies"][(key[1], r.op)] = r.copy_s
+
+
+def _step_row(c: CommTimes, r) -> None:
+    """A per-step row ``r`` (kind "step", its stream :func:`step_stream`) into ``c``: a reduction's op
+    and phase kept per stream; one micro-batch's reduction (ZeRO-2's, DeepSpeed ZeRO-1/2's bucket
+    all-reduces per micro-batch) into ``mb_reduce_s``; else every call of the row (torch's SP norm
+    gradients: 3 per norm per step) into the per-step all-gather (a synchronous call's host time,
+    DeepSpeed ZeRO-3's persistent gather, runs beside its GPU time: the later of the two ends it)
+    or reduction (DDP's and DeepSpeed's buckets counted)."""
+    ds = DEEPSPEED_BUCKET_CADENCE in r.cadence
+    lab = step_stream(r)
+    if r.op != "all-gather":
+        c.reduce_ops_by[lab] = c.reduce_ops_by.get(lab, frozenset()) | {r.op}
+        c.reduce_phases_by[lab] = c.reduce_phases_by.get(lab, frozenset()) | {r.phase}
+    if ZERO2_CADENCE in r.cadence or (ds and r.per_microbatch):  # one micro-batch's
+        c.mb_reduce_s += r.time_s * r.per_microbatch
+        _add_to(c.mb_reduce_by, lab, r.time_s * r.per_microbatch)
+        c.mb_buckets += r.per_microbatch
+    elif r.op == "all-gather":  # a synchronous call's host time (DeepSpeed ZeRO-3's persistent
+        # gather) runs beside its GPU time: the later of the two ends it
+        c.step_gather_s += max(r.time_s, r.host_s) * max(r.per_step, 1)
+        _add_to(c.step_gather_by, lab, max(r.time_s, r.host_s) * max(r.per_step, 1))
+        c.gather_buckets += max(r.per_step, 1)
+    else:
+        c.step_reduce_s += r.time_s * max(r.per_step, 1)
+        _add_to(c.step_reduce_by, lab, r.time_s * max(r.per_step, 1))
+        c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence or ds else 0
+
+
+def _stream_row(c: CommTimes, kind: str, r, layers: int) -> None:
+    """A row ``r`` of neither the per-step nor the FSDP kinds into ``c``: the KV-cache's, float8's
+    per-step scale all-reduces (tp apart), the pp transfers (the largest), the loss collectives and
+    the async tp all-reduces per micro-batch (these per layer), else its seconds per call under its
+    key (:func:`_keep_row`)."""
+    if kind == "kv":
+        c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
+    elif kind == "float8_step" and r.axis == Axis.TP:
+        c.float8_tp_step_s += r.time_s * max(r.per_step, 1)
+    elif kind == "float8_step":
+        c.float8_step_s += r.time_s * max(r.per_step, 1)
+    elif kind == "pp":
+        c.p2p_s = max(c.p2p_s, r.time_s)
+    elif kind == "pp_gather":
+        c.p2p_gather_s = max(c.p2p_gather_s, r.time_s)
+    elif kind == "loss":
+        c.loss_s += r.time_s * r.per_microbatch
+    elif kind == "tp_async":
+        c.async_s += r.time_s * r.per_microbatch / max(layers, 1)
+    else:
+        _keep_row(c, kind, r)
+
+
+def _shard_row(c: CommTimes, zp: dict, r, layers: int) -> None:
+    """An FSDP/ZeRO-3 row ``r`` (kind "shard") into ``c``: DeepSpeed ZeRO-3 2021's per-parameter
+    calls (:func:`_ds_shard_row`), a ``stage3_max_reuse_distance`` part (none: its seconds are a
+    share of the unit's, :func:`~meshplan.schedule.rank_timeline.layer_gather`,
+    ``Overlap.fsdp_backward``), ZeRO++'s (:func:`_zeropp_row`), else its seconds per call and
+    copy-out (:func:`_keep_row`)."""
+    if DEEPSPEED_CADENCE in r.cadence:  # per-parameter calls: their sum per unit
+        _ds_shard_row(c, r, layers)
+    elif REUSE_PART in r.cadence:
+        pass  # its seconds are a share of the unit's (rank_timeline.layer_gather, Overlap.fsdp_backward)
+    elif zeropp.MARK in r.cadence:
+        _zeropp_row(c, zp, r, layers)
+    else:
+        _keep_row(c, "shard", r)
+
+
+def _keep_row(c: CommTimes, kind: str, r) -> None:
+    """Row ``r``'s seconds per call under (kind, group, phase, op), and for an FSDP row its
+    copy-out per (group, op), the largest of the rows'."""
+    group = _row_group(kind, r)
+    c.t[(kind, group, r.phase, r.op)] = r.time_s
+    if kind == "shard" and r.copy_s:
+        c.copies[(group, r.op)] = max(r.copy_s, c.copies.get((group, r.op), 0.0))
+
+
+def _ds_shard_row(c: CommTimes, r, layers: int) -> None:
+    """One DeepSpeed ZeRO-3 2021 row of per-parameter calls (:mod:`meshplan.comm.deepspeed`) into
+    ``c``: their seconds and host time summed per unit and call (a layer's per layer); the
+    gradient buckets' all-reduces take the unit's reduction slot (named AR in the timeline); a
+    gradient reduction's seconds and bucket count kept where its bucket is flushed (``ds_flush``)."""
+    group = shard_group(r.cadence)
+    # the gradient buckets' all-reduces take the unit's reduction slot (named AR in the timeline)
+    op = "reduce-scatter" if r.op == "all-reduce" else r.op
+    c.shard_reduce_op = r.op if r.op == "all-reduce" else c.shard_reduce_op
+    key, per = ("shard", group, r.phase, op), r.per_microbatch / (max(layers, 1) if group == "layer" else 1)
+    c.t[key] = c.t.get(key, 0.0) + r.time_s * per
+    c.host[(group, r.phase)] = c.host.get((group, r.phase), 0.0) + r.host_s * per
+    if deepspeed.FLUSHED in r.cadence:  # a gradient reduction: where its bucket is flushed
+        module = r.cadence.split(deepspeed.FLUSHED)[1].rstrip(")")
+        at = (group, DS_ALIAS.get(module, module))
+        bucket = r.op == "all-reduce" or "first of its bucket" in r.cadence
+        sec, n = c.ds_flush.get(at, (0.0, 0.0))
+        c.ds_flush[at] = (sec + r.time_s * per, n + per * bucket)
 
 
 def _zeropp_row(c: CommTimes, zp: dict, r, layers: int) -> None:

@@ -13,7 +13,7 @@ from meshplan.comm.deepep import shared_forward_s
 from meshplan.compute import asynctp
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
-from meshplan.compute.recompute import shared_replay_seconds
+from meshplan.compute.recompute import full_ac_replays_whole, shared_replay_seconds
 from meshplan.schedule.ring_timeline import cp_attention_backward, cp_attention_forward, cp_parts
 from meshplan.schedule.comm_times import FLOAT8_TP
 from meshplan.schedule.layer_waits import amax_wait, mla_up_gathers, qkv_gather
@@ -235,13 +235,14 @@ def _rowwise(w: Workload) -> frozenset:
 def replay_scatters(w: Workload, phase: str) -> tuple[bool, bool]:
     """Whether a forward pass of ``phase`` (a replay when not "forward") issues the attention's
     and the MLP's closing TP collective: a replay under op-level AC neither (the policy saved the
-    reduce-scatters' outputs), under torch's full AC not the MLP's (its output only feeds the
-    next layer: :func:`meshplan.compute.recompute.full_ac_not_replayed`), under Megatron-LM's both."""
+    reduce-scatters' outputs), under compiled torch's full AC not the MLP's (its output only feeds the
+    next layer: :func:`meshplan.compute.recompute.full_ac_not_replayed`), under Megatron-LM's and eager
+    torch's both (:func:`meshplan.compute.recompute.full_ac_replays_whole`: torchtitan's ``early_stop=False``)."""
     if phase == "forward":
         return True, True
     if w.recompute == "op":
         return False, False
-    return True, w.megatron_ops
+    return True, full_ac_replays_whole(w.megatron_ops, w.torch_eager)
 
 
 def _mlp_tp(w: Workload, moe: bool, phase: str, scatter: bool = True) -> tuple[bool, int, int]:

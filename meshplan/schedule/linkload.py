@@ -39,6 +39,7 @@ import numpy as np
 from meshplan.comm.alphabeta import OPS
 from meshplan.comm.row import link_bytes
 from meshplan.compute.batch_input import BATCH_BROADCASTS
+from meshplan.schedule.comm_streams import step_stream
 from meshplan.schedule.ring_timeline import BLOCKING_GATHER, BLOCKING_SHIFT, LAST_SHIFT, RING_CALL, RING_CALL_B
 from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_loads, stage_of_ranks
 from meshplan.pipeline.fast import KINDS
@@ -216,13 +217,55 @@ def _timings(st, stage: int) -> list[Timing]:
     out = []
     for j in np.sort(first).tolist():
         i, c = int(cand[j]), int(d.code[cand[j]])
-        inside = bool(per_step[c]) and d.kind[i] >= 0
-        name = phases[int(phase[j])]
-        if inside and len(table.get(d.streams[c], ())) == 1:  # DeepSpeed ZeRO-1 under overlap_comm: backward
-            (name,) = table[d.streams[c]]
+        name, issued = _phase_issued(phases[int(phase[j])], bool(per_step[c]), d.kind[i] >= 0,
+                                     table.get(d.streams[c], ()))
         out.append(Timing(d.streams[c], name, ops[c], float(d.start[i]), _deadline(d, i, opt),
-                          float(d.end[i] - d.start[i]), "in the last backward" if inside else ""))
+                          float(d.end[i] - d.start[i]), issued))
     return out
+
+
+def _phase_issued(phase: str, piece: bool, in_unit: bool, table: frozenset) -> tuple[str, str]:
+    """(phase, issued) of a table row: a piece of the per-step reduction (``piece``) takes its
+    rows' one phase where they have one (``table``: DeepSpeed ZeRO-1 under overlap_comm and the
+    DDP buckets, ``backward``), and says where it goes out when not where that phase puts it:
+    inside the last backward (``in_unit``), or at the step's end after it (Megatron-LM's DDP
+    without overlapped reduction: ``reduce_model_grads`` all-reduces the buffers after the last
+    backward, in the optimizer's step, NVIDIA/Megatron-LM 2755bcb megatron/optimizer/optimizer.py
+    293-310; today's ``finalize_model_grads`` calls ``finish_grad_sync`` there, d98e8a6
+    megatron/core/distributed/finalize_model_grads.py 636-640).
+
+    >>> _phase_issued("step", True, False, frozenset({"backward"}))
+    ('backward', 'at the step end, after the last backward')
+    >>> _phase_issued("step", True, True, frozenset({"step"})), _phase_issued("step", True, False, frozenset({"step"}))
+    (('step', 'in the last backward'), ('step', ''))
+    """
+    name = next(iter(table)) if piece and len(table) == 1 else phase
+    if piece and in_unit:
+        return name, "in the last backward"
+    return name, "at the step end, after the last backward" if piece and name != "step" else ""
+
+
+def step_rows(plan, t: Timing, stage: int = 0) -> str:
+    """What a ``step`` row of the table (``t``) stands for: the cadences of ``stage``'s per-step
+    rows of the plan's collective table that ``t.stream`` shows with ``t.op``
+    (:func:`~meshplan.schedule.comm_streams.step_stream`), distinct, ``"; "`` between them
+    (Megatron-LM's coalesced SP norm gradients over tp, the data axes' gradient reduce-scatter,
+    the updated parameters' all-gather); "" for another phase.
+
+    >>> from types import SimpleNamespace as R
+    >>> rows = [R(axis="tp", phase="step", op="all-reduce", cadence="once per step (SP)"),
+    ...         R(axis="dp_shard", phase="step", op="reduce-scatter", cadence="once per step")]
+    >>> plan = R(stage=lambda s: R(collectives=rows))
+    >>> step_rows(plan, Timing("tp", "step", "all-reduce", 0.0, 1.0, 0.5))
+    'once per step (SP)'
+    >>> step_rows(plan, Timing("dp", "step", "reduce-scatter", 0.0, 1.0, 0.5))
+    'once per step'
+    """
+    if t.phase != "step":
+        return ""
+    seen = [r.cadence for r in plan.stage(stage).collectives
+            if r.phase == "step" and r.op == t.op and step_stream(r) == t.stream]
+    return "; ".join(dict.fromkeys(seen))
 
 
 def _step_pieces(st, stage: int, names: tuple[str, ...]) -> tuple[np.ndarray, dict]:

@@ -27,7 +27,7 @@ frameworks issue them:
   (``Overlap.tp_grad``): it runs during their weight-gradient GEMMs (the asynchronous gradient
   collective), and with SP their input is all-gathered again before, during their
   input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their
-  collectives; torch's not the MLP's closing one, :func:`~meshplan.schedule.layer_timeline.replay_scatters`);
+  collectives; compiled torch's not the MLP's closing one, :func:`~meshplan.schedule.layer_timeline.replay_scatters`);
   torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
   forward ops it did not save, with each block's all-gather but not its reduce-scatter (whose
   output it saved; the row-parallel GEMM replayed, if at all, as a plain GEMM).
@@ -120,8 +120,10 @@ A unit's duration is its compute-stream end; communication still running then is
 ``tail`` (it overlaps the next unit; contention between units on a stream is ignored).
 Exposed communication of a stream = time the compute stream waited on it.
 
-This module builds the units (:func:`forward_unit`, :func:`backward_unit`) and places the
-embedding, the head and the FSDP root units; the rest lives beside it:
+This module builds the forward units (:func:`forward_unit`) and the layers' FSDP gathers both
+passes share (:func:`layer_gather`, :class:`ExpertGathers`); :mod:`~meshplan.schedule.backward_pass`
+the backward units (:func:`~meshplan.schedule.backward_pass.backward_unit`). Both place the
+embedding, the head and the FSDP root units; the rest lives beside them:
 :mod:`~meshplan.schedule.comm_times` (the rows' kinds and seconds per call),
 :mod:`~meshplan.schedule.unit_sim` (the stream simulation), :mod:`~meshplan.schedule.layer_timeline`
 (a layer's blocks and their TP, CP, EP collectives), :mod:`~meshplan.schedule.deepspeed_layer`
@@ -134,17 +136,15 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.compute.batch_input import BATCH_BROADCASTS, BROADCAST_GROUPS, CORE_KEY_BYTES
-from meshplan.compute.ops import Cost, Workload
+from meshplan.compute.ops import Workload
 from meshplan.schedule.comm_times import CommTimes, root_groups
-from meshplan.schedule.deepspeed_layer import ds_backward_layer, ds_placed
-from meshplan.schedule.grad_reduce import perform_reduce_grad, unit_reduce, reduce_pieces
 from meshplan.schedule.layer_prefetch import LayerPrefetch
-from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, any_recompute, backward_layer, forward_layer, tp_collectives
+from meshplan.schedule.layer_timeline import forward_layer, tp_collectives
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim, simulate
 from meshplan.schedule.window_unshard import unshard_chunk
 
 
-def _layer_gather(s: StreamSim, phase: str, i: int, part: float):
+def layer_gather(s: StreamSim, phase: str, i: int, part: float):
     """The all-gather of ``part`` of layer ``i``'s FSDP unit in ``phase`` (1: the whole call; a
     part's seconds its share of the call's, :mod:`~meshplan.schedule.layer_prefetch`). In backward
     under DeepSpeed's ``stage3_max_reuse_distance`` (``Overlap.fsdp_backward``) each of the layer's
@@ -165,7 +165,7 @@ def _layer_gather(s: StreamSim, phase: str, i: int, part: float):
                   seconds=None if whole else s.c.get("shard", phase, "all-gather", "layer") * part)
 
 
-class _ExpertGathers:
+class ExpertGathers:
     """A pass's all-gathers of the routed experts' FSDP units (efsdp): ``issue(i)`` gives layer
     ``i``'s event (None where the pass gathers none); :meth:`prefetch` issues it beside the
     layer prefetched, :meth:`need` gives what layer ``i`` waits for, issued on demand when no
@@ -216,13 +216,13 @@ def _forward(s: StreamSim, chunk: ChunkCosts, gather_layers: bool, gather_root: 
         # Megatron 2022 all-reduces it under SP too, Megatron Core reduce-scatters it without learned positions
         op = "all-reduce" if w.megatron_ops and not w.embed_reduce_scatter else tp_collectives(w)[1]
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
-    gather = lambda i, part: _layer_gather(s, "forward", i, part) if gather_layers else None
+    gather = lambda i, part: layer_gather(s, "forward", i, part) if gather_layers else None
     pf = LayerPrefetch(gather, list(range(n)), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0,
                        slide=ov.fsdp_slide)
     pf.start(ov.fsdp_start[0] if ov.fsdp_start and chunk.embed is not None else None)  # none without layers
     # the routed experts' own unit (efsdp): prefetched beside the next layer's, the chunk's first
     # layer's on demand (module docstring)
-    experts = _ExpertGathers(lambda i: s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert")
+    experts = ExpertGathers(lambda i: s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert")
                              if chunk.moe[i] and gather_layers else None)
     ag = None
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
@@ -247,167 +247,3 @@ def _forward(s: StreamSim, chunk: ChunkCosts, gather_layers: bool, gather_root: 
         s.compute("head", chunk.head.seconds("forward") + (comm.copies.get((head_g, "all-gather"), 0.0)
                                                            if root is not None else 0.0), [pre, root])
         s.compute("loss tp wait", 0.0, [s.comm("tp", "loss", "all-reduce", "tp loss collectives", seconds=comm.loss_s)])
-
-
-def _head_backward(s: StreamSim, head: Cost) -> None:
-    """The last stage's head backward under ``Overlap.tp_grad`` (Megatron-LM 2022: the output
-    layer is ``language_model.py`` ``parallel_lm_logits`` through ``mpu/layers.py``
-    ``LinearWithGradAccumulationAndAsyncCommunication``, a column-parallel linear): the cross
-    entropy's backward, then with SP the output layer's input all-gathered again during its
-    input-gradient GEMM, the input gradient's reduce-scatter (SP) or all-reduce launched before
-    its weight-gradient GEMM and run beside it, then the final norm's backward (and its
-    main-gradient hooks) once the reduced gradient is there."""
-    after = tp_collectives(s.w)[1]
-    part = lambda phase, keep: sum(o.seconds for o in head.ops if o.phase == phase and keep(o.name))
-    is_norm = lambda name: name.startswith("final norm")
-    norm = part("backward_input", is_norm) + part("backward_weight", is_norm)
-    col = part("backward_input", lambda name: name in ("output.dgrad", *COLUMN_PARALLEL_DGRAD)) if s.w.sp else 0.0
-    s.compute("head B", part("backward_input", lambda name: not is_norm(name)) - col)
-    ag = s.comm("tp", "backward", "all-gather", "tp all-gather (head input again, for wgrad)") if s.w.sp else None
-    if s.w.sp:
-        s.compute("head column B", col)
-    post = s.comm("tp", "backward", after, f"tp {after} (head)")
-    s.compute("head W", part("backward_weight", lambda name: not is_norm(name)), [ag], [post] if s.ov.tp else [])
-    s.compute("head tp wait", 0.0, [post])
-    s.compute("final norm grad", norm)
-
-
-def block_backward_issue_s(w: Workload, c: Cost) -> float:
-    """The host's seconds to issue one block's backward under eager DTensor TP
-    (:attr:`~meshplan.compute.ops.Workload.dtensor_host_s`): its backward's, plus its forward's
-    when the block replays its forward first (checkpointed: full, per-layer or op-level AC).
-    A zero-bubble input-gradient pass ("Bx") is charged the whole backward's (the measurement's
-    backward held both; an upper bound), its weight-gradient pass ("W") nothing."""
-    fwd, bwd = w.dtensor_host_s
-    return bwd + (fwd if w.recompute in ("full", "layer", "op") and any_recompute(c) else 0.0)
-
-
-def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
-                  last_grad_unit: bool = False, gather: bool = True, reduce: bool = True,
-                  deferred: bool = False, stage_last: bool = True, gather_root: bool = True,
-                  lead_s: Optional[float] = None) -> UnitSim:
-    """``kind`` "B" (input and weight gradients), "Bx" (input gradient only, ZB) or "W"
-    (weight gradient only, ZB) of one micro-batch through ``chunk``. On the chunk's
-    ``last_grad_unit`` the per-step gradient reduction is spread over its layers.
-    ``gather``: the pass finds the FSDP units sharded; ``reduce``: it reduce-scatters the
-    FSDP gradients (every micro-batch without pp, the chunk's last gradient unit with pp).
-    ``deferred`` (pp > 1): the reduce-scatters wait for the whole pass, as torch 2.13's
-    ``PipelineStage`` runs FSDP2: every backward runs with gradient sync off, and after the
-    chunk's last one ``perform_reduce_grad`` calls each unit's ``post_backward`` (copy-in,
-    reduce-scatter) and ``_root_post_backward_final_callback``, whose ``finalize_backward`` and
-    reduce-scatter-state waits hold the compute stream until every one is done. The pass's send
-    goes out before (the schedule issues it after the backward, REDUCE_GRAD next), so on the
-    stage's last pass (``stage_last``: the chunk whose last gradient unit ends the stage's order) the
-    reduction is the unit's tail, which the stage's end waits for; on an earlier chunk's last
-    pass it holds the stream in the unit (the send then waits with it: a little early).
-    ``lead_s``: as :func:`forward_unit`'s (B and Bx only)."""
-    args = (kind, chunk, last_grad_unit, gather, reduce, deferred, stage_last, gather_root, lead_s)
-    return simulate(lambda s: _backward(s, *args), comm, w, ov)
-
-
-def _backward(s: StreamSim, kind: str, chunk: ChunkCosts, last_grad_unit: bool, gather: bool, reduce: bool,
-              deferred: bool, stage_last: bool, gather_root: bool, lead_s: Optional[float]) -> None:
-    """:func:`backward_unit`'s issue order on ``s``."""
-    comm, w, ov = s.c, s.w, s.ov
-    with_b, with_w = kind in ("B", "Bx"), kind in ("B", "W")
-    if lead_s is not None and with_b and gather:
-        unshard_chunk(s, chunk, "backward", lead_s, gather_root)
-        gather = gather_root = False
-    red_w = with_w and reduce and not deferred
-    n = len(chunk.layers)
-    emb_g, head_g = root_groups(comm)
-    # the embedding's own unit, resharded after forward (torchtitan), is gathered again
-    embed_ag = (lambda: s.comm("shard", "backward", "all-gather", f"fsdp AG {emb_g}", emb_g)) \
-        if chunk.embed is not None and ("shard", emb_g, "backward", "all-gather") in comm.t and with_b and gather \
-        else None
-    emb_ev = None
-    pieces = reduce_pieces(comm, n, last_grad_unit, ov.grad_reduce) if with_w else [0.0] * n
-    gather_ = lambda i, part: _layer_gather(s, "backward", i, part) if with_b and gather else None
-    # the routed experts' group (efsdp), resharded after forward as the layer's: gathered again,
-    # prefetched beside the layer's, the chunk's last layer's by the head's pre-backward with it
-    # (module docstring; on demand without the head's own unit)
-    experts = _ExpertGathers(lambda i: s.comm("shard", "backward", "all-gather", f"efsdp AG L{i}", "expert")
-                             if with_b and gather and chunk.moe[i] else None)
-    # the head's own unit (torchtitan, every pp): its pre-backward prefetches the last layer
-    # before the head's backward runs (FSDP2's backward prefetch in post-forward order), ahead of
-    # the head's reduce-scatter on the FSDP stream
-    early = ov.fsdp_prefetch and chunk.head is not None and head_g == "root_head" and n > 0
-    # the head's unit resharded after forward (training.reshard_head_after_forward, torchtitan's
-    # "always"; ``gather_root``: this pass finds it sharded): its pre-backward all-gathers it
-    # first, then prefetches the last layer; its copy-out precedes the head's backward
-    head_ag = s.comm("shard", "backward", "all-gather", f"fsdp AG {head_g}", head_g) \
-        if chunk.head is not None and with_b and gather_root \
-        and ("shard", head_g, "backward", "all-gather") in comm.t else None
-    pf = LayerPrefetch(gather_, list(reversed(range(n))), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0,
-                       slide=ov.fsdp_slide)
-    if early:
-        pf.start(ov.fsdp_start[1] if ov.fsdp_start and chunk.head is not None else None)
-        experts.prefetch(n - 1)  # in the last layer's unit (torchtitan b5bcd76): prefetched with it
-    if head_ag is not None:
-        s.compute(f"{head_g} copy-out", comm.copies.get((head_g, "all-gather"), 0.0), [head_ag])
-    if chunk.head is not None and with_b and with_w and ov.tp_grad:
-        _head_backward(s, chunk.head)
-    elif chunk.head is not None:
-        s.compute("head grad", (chunk.head.seconds("backward_input") if with_b else 0.0)
-                  + (chunk.head.seconds("backward_weight") if with_w else 0.0))
-        if with_b:
-            s.compute("head tp wait", 0.0, [s.comm("tp", "backward", tp_collectives(w)[1], f"tp {tp_collectives(w)[1]} (head)")])
-        if red_w and (head_g == "root_head" or chunk.embed is None):  # one root unit: reduced after the embedding
-            unit_reduce(s, head_g, head_g, 0.0)
-    if not early:
-        pf.start(ov.fsdp_start[1] if ov.fsdp_start and chunk.head is not None else None)
-    for i in reversed(range(n)):
-        c, moe = chunk.layers[i], chunk.moe[i]
-        ags = pf.need(n - 1 - i)
-        ag_e = experts.need(i)
-        # FSDP2's copy-out follows an all-gather only: none where the table has no backward one
-        # (reshard_after_forward false keeps the forward's unsharded parameters)
-        s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0)
-                  + (comm.copies.get(("layer", "all-gather"), 0.0) if ags else 0.0)
-                  + (comm.copies.get(("expert", "all-gather"), 0.0) if ag_e is not None else 0.0)
-                  if with_b and gather else 0.0, [*ags, ag_e])
-        pf.after(n - 1 - i)
-        if ov.fsdp_prefetch and i > 0:
-            experts.prefetch(i - 1)
-        if i == 0 and embed_ag is not None and ov.fsdp_prefetch:
-            emb_ev = embed_ag()  # FSDP2's backward prefetch: the embedding's unit after the first layer
-        ds = with_b and red_w and ds_placed(s, moe)  # DeepSpeed ZeRO-3 2021: its reductions in the layer
-        if ds:
-            ds_backward_layer(s, c, f"L{i}")
-        elif with_b:
-            backward_layer(s, c, moe, with_w)
-            s.comm("tp", "backward", "all-reduce", f"tp norm-grad all-reduce L{i}", seconds=comm.async_s)
-            s.host_pace(f"L{i}", block_backward_issue_s(w, c))
-        else:
-            s.compute(f"L{i} W", c.seconds("backward_weight"))
-        if with_w and not ds:
-            unit_reduce(s, f"L{i}", "layer", pieces[n - 1 - i], red_w)
-            if moe and red_w:
-                unit_reduce(s, f"L{i} experts", "expert", 0.0)
-    if chunk.embed is not None and with_b and chunk.embed.seconds("backward_input"):
-        # the embedding's own input-gradient ops (Megatron-LM: its dropout's backward, on the
-        # rank's sequence shard under SP, before the split's backward gathers the gradient)
-        s.compute("embedding dropout grad", chunk.embed.seconds("backward_input"))
-    if chunk.embed is not None and with_b and w.sp:  # the gradient of the embedding's reduce-scatter
-        s.compute("embedding tp wait", 0.0, [s.comm("tp", "backward", "all-gather", "tp all-gather (embedding)")])
-    if chunk.batch is not None and with_b:
-        s.compute("timers", chunk.batch.seconds("backward_input"))
-    if chunk.engine is not None and with_b and chunk.engine.seconds("backward_input"):
-        s.compute("DeepSpeed pipe: output and grad rebuilt, fp32 grad accumulation", chunk.engine.seconds("backward_input"))
-    if embed_ag is not None and not with_w:  # Bx (ZB): the embedding's pre-backward gathers it
-        ag_e = emb_ev if emb_ev is not None else embed_ag()
-        s.compute("embedding unshard", comm.copies.get((emb_g, "all-gather"), 0.0) if ag_e is not None else 0.0,
-                  [ag_e])
-    if chunk.embed is not None and with_w:
-        ag_e = emb_ev if emb_ev is not None or embed_ag is None else embed_ag()
-        s.compute("embedding grad", chunk.embed.seconds("backward_weight")
-                  + (comm.host.get((emb_g, "backward"), 0.0) if red_w else 0.0)
-                  + (comm.copies.get((emb_g, "all-gather"), 0.0) if ag_e is not None else 0.0), [ag_e])
-        if red_w:
-            unit_reduce(s, emb_g, emb_g, 0.0)
-    if deferred and with_w and reduce:
-        perform_reduce_grad(s, chunk, tail=stage_last)
-    if comm.bucket_wait and s.reduced is not None and ov.grad_reduce:  # DeepSpeed's epilogue synchronize()
-        s.compute("DeepSpeed epilogue synchronize", 0.0, [s.reduced])
-
-

@@ -145,7 +145,9 @@ def stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0
     steps = [("pipeline p2p calls' syncs", megatron_p2p_syncs_s(plan, s, spec), "compute")]
     # the per-step reduction by the group each part runs on ("dp": the data axes; the SP norms'
     # all-reduce over tp, the tied embedding's over pp: CommTimes.reduce_parts), one after another
-    steps += [(f"grad reduce: {op} (per step)" if op and stream != "dp" else "grad reduce (per step)", dur, stream)
+    # each named with its collective where its stream's rows have one (a piece in backward is too,
+    # grad_reduce._reduce_piece): step's readiness table lists an event by that word (linkload._op_of)
+    steps += [(f"grad reduce: {op} (per step)" if op else "grad reduce (per step)", dur, stream)
               for stream, dur, op in comm.reduce_parts(step_end_reduce_s(comm, ov.grad_reduce), per_step=True)]
     # replicated KV heads: one all-reduce per layer of the reduced K/V gradients, before the optimizer
     steps += [(f"kv replica all-reduce {i}", comm.kv_s, KV_REPLICA) for i in range(comm.kv_calls)]

@@ -61,7 +61,8 @@ from meshplan.schedule.overlap_policy import config_overlap, p2p_mode, plan_over
 from meshplan.schedule.pipeline_exposure import ends_of, last_hold, last_transfer_s, unit_exposure, call_seconds, run_shift
 from meshplan.schedule.comm_streams import comm_kind
 from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
-from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.backward_pass import backward_unit
+from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap
 from meshplan.schedule.step_end import later_runs_label, stage_end
 from meshplan.schedule.step_summary import StepTime
@@ -90,23 +91,11 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         _check_schedule(cfg.training, schedule, p, m, v, runs)
     mr = m // runs
     overlap = plan_overlap(cfg, [r for rows in plan.collectives.values() for r in rows], overlap)
-    share = nccl_sm_share(cfg.cluster)
     # each stage's table (plan.table_stage) and layers, read without building Stage views (a
     # plan of the search's step-only path has no memory timelines)
-    comms = _stage_comms(plan, p, share)
+    comms = _stage_comms(plan, p, nccl_sm_share(cfg.cluster))
     chunks = chunk_costs(plan, w, table)
-    mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
-    # DeepSpeed's PipelineEngine: one blocking dist.send / dist.recv per transfer (compute.deepspeed_pipe)
-    serial = mode.blocking_p2p and cfg.training.pp_engine == "deepspeed"
-    p2p_s, p2p_link, p2p_pair_s = boundary_p2p_s(plan, comms)
-    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=p2p_s, p2p_link=p2p_link,
-                        p2p_pair_s=p2p_pair_s, serial_p2p=serial, **mode._asdict())
-    units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
-                      cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
-                      cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
-    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link,
-                        p2p_pair_s=base.p2p_pair_s, serial_p2p=serial, **mode._asdict(),
-                        duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
+    spec, units = _pipeline_units(plan, schedule, mr, comms, chunks, w, overlap)
     indexed: list = []
 
     def durations(f: Flat) -> np.ndarray:
@@ -115,29 +104,15 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         return np.array([units.by_key(k).duration_s for k in keys])[idx]
 
     res = simulate_unshards(spec, units, durations)  # torch's window re-gathers wait for their UNSHARD
-    ends, post, exposed = [], [], []
-    memo: dict = {}
     run_s = run_shift(res, units) if runs > 1 else 0.0
-    loads = call_seconds(res) if res.hold is not None else None
-    for s, mine in enumerate(ends_of(res)):
-        last_xfer = last_transfer_s(res, s, loads) if loads is not None else 0.0
-        end, ev, ex = stage_end(plan, s, spec, mine, units, comms[s], overlap, last_hold(res, s), memo, run_s, runs,
-                                 last_xfer)
-        ends.append(end)
-        post += ev
-        exposed.append(ex)
+    ends, post, exposed = _stage_ends(plan, res, spec, units, comms, overlap, run_s, runs)
     crit = max(range(p), key=lambda s: ends[s])
     if not indexed:
         indexed[:] = list(units.index(res.flat))
     for k, x in unit_exposure(res, crit, units, indexed[0], indexed[1], {}).items():
         exposed[crit][k] = exposed[crit].get(k, 0.0) + runs * x  # every run exposes what the first does
-    hw, gap = _executed_flops(chunks, m, plan.world, p)
+    model_total, hw, gap = _step_flops(cfg, chunks, m, plan.world, p)
     t = cfg.training
-    model_total = _sequence_flops(cfg.model, t.seq_len) * t.global_batch
-    if t.moe_hottest_expert_share and hw - model_total - sum(gap.values()) > 0:
-        # every rank's expert GEMMs are the busiest ep rank's (compute.shapes: the hottest expert's
-        # rows), the model FLOP the balanced count: the rest of HFU over MFU is that extra work
-        gap[HOT_EXPERT_GAP] = hw - model_total - sum(gap.values())
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = _step_notes(plan, comms, schedule, runs, mr, run_s) + ep_sync_note(plan, crit)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
@@ -150,6 +125,62 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     *_torchtitan_terms(cfg), _megatron_flops(cfg, plan), tt_words=torchtitan_flops_words(cfg.model),
                     compute_peak_flops=cfg.cluster.gpu.peak_flops(t.compute_dtype) if t.peak_dtype != t.compute_dtype
                     else 0.0, compute_dtype=t.compute_dtype)
+
+
+def _pipeline_units(plan: Plan, schedule: Optional[str], mr: int, comms: list[CommTimes], chunks, w,
+                    overlap: Overlap) -> tuple[PipelineSpec, UnitTimes]:
+    """(the pipeline to simulate over ``mr`` micro-batches, its units' timelines): the schedule
+    (``schedule``, else the config's) with the p2p mode of the framework's runtime (DeepSpeed's
+    PipelineEngine: one blocking ``dist.send`` / ``dist.recv`` per transfer, compute.deepspeed_pipe),
+    each stage boundary's send seconds and link (:func:`boundary_p2p_s`), and each unit's
+    duration from its rank timeline (:class:`~meshplan.schedule.unit_times.UnitTimes`)."""
+    cfg, p, v = plan.config, len(plan.stages), plan.vpp
+    mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
+    # DeepSpeed's PipelineEngine: one blocking dist.send / dist.recv per transfer (compute.deepspeed_pipe)
+    serial = mode.blocking_p2p and cfg.training.pp_engine == "deepspeed"
+    p2p_s, p2p_link, p2p_pair_s = boundary_p2p_s(plan, comms)
+    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=p2p_s, p2p_link=p2p_link,
+                        p2p_pair_s=p2p_pair_s, serial_p2p=serial, **mode._asdict())
+    units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
+                      cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
+                      cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
+    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link,
+                        p2p_pair_s=base.p2p_pair_s, serial_p2p=serial, **mode._asdict(),
+                        duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
+    return spec, units
+
+
+def _stage_ends(plan: Plan, res, spec: PipelineSpec, units: UnitTimes, comms: list[CommTimes], overlap: Overlap,
+                run_s: float, runs: int) -> tuple[list, list, list]:
+    """Per stage of the simulated pipeline ``res``: (its step end in seconds, the events after its
+    last unit, its exposed communication per stream), from :func:`~meshplan.schedule.step_end.stage_end`
+    with its last hold and, where the pipeline's calls were timed on shared links, its last transfer."""
+    ends, post, exposed = [], [], []
+    memo: dict = {}
+    loads = call_seconds(res) if res.hold is not None else None
+    for s, mine in enumerate(ends_of(res)):
+        last_xfer = last_transfer_s(res, s, loads) if loads is not None else 0.0
+        end, ev, ex = stage_end(plan, s, spec, mine, units, comms[s], overlap, last_hold(res, s), memo, run_s, runs,
+                                 last_xfer)
+        ends.append(end)
+        post += ev
+        exposed.append(ex)
+    return ends, post, exposed
+
+
+def _step_flops(cfg, chunks, m: int, world: int, p: int) -> tuple[float, float, dict]:
+    """(the model's FLOP per step, the FLOP the ranks execute, the executed FLOP beyond the model's
+    by reason: :func:`_executed_flops`). With ``training.moe_hottest_expert_share`` every rank's
+    expert GEMMs are the busiest ep rank's (compute.shapes: the hottest expert's rows), the model
+    FLOP the balanced count: the rest of HFU over MFU is that extra work."""
+    hw, gap = _executed_flops(chunks, m, world, p)
+    t = cfg.training
+    model_total = _sequence_flops(cfg.model, t.seq_len) * t.global_batch
+    if t.moe_hottest_expert_share and hw - model_total - sum(gap.values()) > 0:
+        # every rank's expert GEMMs are the busiest ep rank's (compute.shapes: the hottest expert's
+        # rows), the model FLOP the balanced count: the rest of HFU over MFU is that extra work
+        gap[HOT_EXPERT_GAP] = hw - model_total - sum(gap.values())
+    return model_total, hw, gap
 
 
 def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> tuple:

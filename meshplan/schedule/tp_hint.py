@@ -64,7 +64,8 @@ def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[
     a 7.93 s step (16.2%); with async TP 7.41 s (tests/test_step_tp_hint.py)."""
     t = plan.config.training
     exposed = st.exposed_s.get("tp", 0.0)
-    if alternatives is None or t.tp_comm_overlap or plan.mesh.degree("tp") < 2 or exposed < HINT_SHARE * st.step_s:
+    if alternatives is None or t.tp_comm_overlap or plan.mesh.degree("tp") < 2 or exposed < HINT_SHARE * st.step_s \
+            or t.megatron_deepspeed:  # Megatron-DeepSpeed's parser has no --tp-comm-overlap: no knob to hint
         return []
     update = tp_knobs(t)
     alt = alternatives(update)

@@ -1,5 +1,5 @@
 """The unit timelines of a step, keyed: :class:`UnitTimes` builds one
-:func:`~meshplan.schedule.rank_timeline.forward_unit` / :func:`~meshplan.schedule.rank_timeline.backward_unit`
+:func:`~meshplan.schedule.rank_timeline.forward_unit` / :func:`~meshplan.schedule.backward_pass.backward_unit`
 per distinct (stage, chunk, kind, last gradient unit, FSDP flags, reduce) and indexes every
 unit of the simulated pipeline into them (:meth:`UnitTimes.index`, on arrays).
 """
@@ -14,7 +14,8 @@ import numpy as np
 from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.pipeline.fast import KINDS, Flat
 from meshplan.pipeline.simulate import Event, PipelineSpec, stage_order
-from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.backward_pass import backward_unit
+from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import UnitSim
 from meshplan.schedule.window_unshard import unshard_leads
 
@@ -55,7 +56,7 @@ class UnitTimes:
         self.leads: dict = {}
         self.first = any(c.first for c in comms)  # hpZ: micro-batch 0's forward timed apart
         # each stage's chunk whose last gradient unit is the stage's last unit (its FSDP reduce,
-        # torch's perform_reduce_grad, is then the stage's tail; rank_timeline.backward_unit)
+        # torch's perform_reduce_grad, is then the stage's tail; backward_pass.backward_unit)
         self.final = {s: stage_order(spec.schedule, spec.p, spec.m, spec.v, s)[-1].chunk
                       for s in range(spec.p)} if fsdp and spec.p > 1 else {}
         if fsdp and (spec.p > 1 or accumulation != "sync"):

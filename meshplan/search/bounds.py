@@ -362,7 +362,8 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     # torchtitan's units (TrainingSpec.torchtitan_units, untied): the embedding and [norm,
     # output] are two units even at pp 1, the embedding resharded after forward with the layers
     # at every pp (tied: one unit at pp 1; under pp the first stage's embedding kept gathered)
-    titan = t.framework == "torch" and t.zero3_engine != "deepspeed-2021" and not m.tied_embeddings
+    titan = t.framework == "torch" and t.zero3_engine != "deepspeed-2021" and not t.fsdp_root_unit and \
+        not m.tied_embeddings
     root = np.broadcast_to(((c.pp == 1) & (c.vpp == 1) & (not titan))[:, None], st.n.shape)
     # training.reshard_head_after_forward (torchtitan's "always", candidates with
     # reshard_after_forward): neither end kept gathered from its forward

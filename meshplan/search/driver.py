@@ -180,36 +180,17 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     est = estimate(cfg, c, code, tt)
     clock("estimate")
     usable = usable_bytes(cfg.cluster, cfg.training)
-    valid = code == OK
-    margin = o.memory_margin
-    over = valid & (est.peak_lo > usable * (1 + margin))
-    code[over], decided[over] = MEMORY, BOUND
-    decided[valid & (est.peak_hi * (1 + margin) <= usable)] = BOUND
+    valid, over = _memory_bounds(code, decided, est, usable, o.memory_margin)
     above = est.gemm >= o.min_gemm_efficiency
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     pool = Pool(Planner(cfg, c), workers)
-    run = Runner(pool, code, decided, progress, est, margin)
+    run = Runner(pool, code, decided, progress, est, o.memory_margin)
     notes = run.notes
     try:
         apply = threshold_applies(valid & ~over & above, decided, est, run)
-        eligible = np.flatnonzero((code == OK) & (above | (not apply)))
-        near_top = worth_tightening(est, eligible, o.top, o.refine_max)
-        refine(cfg, c, est, near_top, tt)
-        clock("refine")
-        tight = np.zeros(len(c), bool)
-        tight[near_top] = True
-        ranking = best_first(cfg, c, est, eligible, run, tt, tight)
+        ranking = _ranking(cfg, c, code, est, run, tt, above | (not apply), clock)
         top, proven, fastest = ranking.top, ranking.proven, ranking.fastest
-        clock("rank")
-        band = np.flatnonzero((code == OK) & (decided == 0))  # in index order: the stable sort breaks ties
-        run.plan(band[np.argsort(est.step_lo[band], kind="stable")][:o.settle_max], PLAN_ONLY,
-                 label="near the memory limit")
-        left = (code == OK) & (decided == 0)
-        if left.any():
-            code[left] = UNDECIDED
-            notes.append(f"{int(left.sum())} candidates near the memory limit were not planned (settle_max "
-                         f"{o.settle_max} plans the first by step-time bound; their bounds keep them out of the "
-                         "top); counted as undecided")
+        _settle(o, code, decided, est, run, notes)
         clock("memory limit")
         if apply:
             code[(code == OK) & ~above] = GEMM
@@ -231,6 +212,48 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
                                                                  ranking.safer),
                         mine, ranking.placed, ranking.variants, tiered_past=ranking.tiered_past,
                         safer=ranking.safer)
+
+
+def _memory_bounds(code: np.ndarray, decided: np.ndarray, est, usable: float, margin: float) -> tuple:
+    """(the candidates no rule rejected, those of them whose peak's lower bound exceeds the usable
+    memory by more than ``margin``). Those are rejected for memory by the bound, and a candidate
+    whose peak's upper bound fits with the margin is decided by the bound too (``code`` and
+    ``decided`` updated in place; the rest need an exact plan)."""
+    valid = code == OK
+    over = valid & (est.peak_lo > usable * (1 + margin))
+    code[over], decided[over] = MEMORY, BOUND
+    decided[valid & (est.peak_hi * (1 + margin) <= usable)] = BOUND
+    return valid, over
+
+
+def _ranking(cfg: Config, c, code: np.ndarray, est, run, tt, wide, clock):
+    """The top by exact step time (:func:`~meshplan.search.best_first.best_first`) over the
+    candidates still feasible and ``wide`` enough (local GEMM efficiency over the threshold where
+    it applies), after the bounds of those nearest the top are tightened (:func:`refine`)."""
+    eligible = np.flatnonzero((code == OK) & wide)
+    near_top = worth_tightening(est, eligible, cfg.search.top, cfg.search.refine_max)
+    refine(cfg, c, est, near_top, tt)
+    clock("refine")
+    tight = np.zeros(len(c), bool)
+    tight[near_top] = True
+    ranking = best_first(cfg, c, est, eligible, run, tt, tight)
+    clock("rank")
+    return ranking
+
+
+def _settle(o, code: np.ndarray, decided: np.ndarray, est, run, notes: list[str]) -> None:
+    """The candidates near the memory limit (neither bound decides them) planned for memory alone,
+    the first ``settle_max`` by step-time lower bound (in index order: the stable sort breaks
+    ties); those left are undecided (``code`` in place), with a note counting them."""
+    band = np.flatnonzero((code == OK) & (decided == 0))  # in index order: the stable sort breaks ties
+    run.plan(band[np.argsort(est.step_lo[band], kind="stable")][:o.settle_max], PLAN_ONLY,
+             label="near the memory limit")
+    left = (code == OK) & (decided == 0)
+    if left.any():
+        code[left] = UNDECIDED
+        notes.append(f"{int(left.sum())} candidates near the memory limit were not planned (settle_max "
+                     f"{o.settle_max} plans the first by step-time bound; their bounds keep them out of the "
+                     "top); counted as undecided")
 
 
 class _Clock:

@@ -20,7 +20,7 @@ from typing import Optional
 from meshplan.memory import constraints as cons
 from meshplan.plan import Infeasible, build_plan
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.reliability import reliability
+from meshplan.reliability import configured_reliability
 from meshplan.schedule.kernel_kinds import kernel_kinds_s
 from meshplan.search.step_parts import compute_split, layer_passes, stage_flops, step_breakdown
 from meshplan.search.candidate import candidate_config
@@ -102,11 +102,8 @@ class Planner:
     def _goodput(self, plan) -> float:
         """Daly goodput of ``plan`` (:mod:`meshplan.reliability`: checkpoint size from the
         persistent state, failure rate from the world; neither reads the memory timelines or
-        the step time), storage and restart from ``[search]``."""
-        o = self.cfg.search
-        return reliability(plan, write_bandwidth_bytes_per_s=o.checkpoint_write_gb_per_s * 1e9,
-                           read_bandwidth_bytes_per_s=o.checkpoint_read_gb_per_s * 1e9,
-                           restart_overhead_s=o.restart_overhead_s).goodput
+        the step time), storage and restart from ``[search]`` (:func:`configured_reliability`)."""
+        return configured_reliability(plan).goodput
 
 
 def merge(prev: Optional[Exact], new: Exact) -> Exact:

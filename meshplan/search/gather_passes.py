@@ -29,7 +29,7 @@ def head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
     unit of its own (:func:`meshplan.comm.fsdp_rows.fsdp_units`: torchtitan's units, but a tied
     model at pp 1, one unit of both ends; a V's two chunk roots), else 0."""
     t, m = cfg.training, cfg.model
-    titan = t.framework == "torch" and t.zero3_engine != "deepspeed-2021"  # TrainingSpec.torchtitan_units
+    titan = t.framework == "torch" and t.zero3_engine != "deepspeed-2021" and not t.fsdp_root_unit  # torchtitan_units
     apart = (c.pp > 1) | (c.vpp > 1) | np.bool_(not m.tied_embeddings)
     return (np.bool_(titan) & apart | (c.vpp > 1))[:, None].astype(np.float64)
 

@@ -112,12 +112,12 @@ def _head_backward(cfg: Config, c: Candidates, st: Stages, cm: dict, od: dict, c
     # training.reshard_head_after_forward (torchtitan's "always", pp 1 under sync): each backward
     # starts with the [norm, output] unit's all-gather, exposed, then its copy-out before the
     # head's backward; the last layer's prefetched gather queues behind it on the FSDP stream
-    # (rank_timeline.backward_unit; test_reshard_policy's backward by hand)
+    # (backward_pass.backward_unit; test_reshard_policy's backward by hand)
     again = head_regathers(cfg, c)
     h_co = st.last * _col(cp["head_out"]) * again
     head_b = head_b0 + st.last * _col(cm["head_ag"]) * again + h_co
     # torchtitan's [norm, output] unit (every pp): its pre-backward prefetches the last layer's
-    # all-gather before the head's backward runs (rank_timeline.backward_unit), so a gathering
+    # all-gather before the head's backward runs (backward_pass.backward_unit), so a gathering
     # backward pass of the head's chunk exposes its first gather less the head's backward
     # (``b_extra_head``: the head chunk's gathering backwards only, step_lower_bound)
     hb = (head_b0 + h_co) * head_unit_apart(cfg, c)  # the head's copy-out too: the last layer's gather starts after it

@@ -279,19 +279,7 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, windo
     candidate): its boundaries may take two links, ``k`` as :func:`hold_loads` takes it."""
     n, p = u["f_core"].shape
     v = vpp
-    f = np.repeat(u["f_core"][:, :, None], v, axis=2)
-    b = np.repeat(u["b_core"][:, :, None], v, axis=2)
-    if "n_long" in u and np.any(u["n_long"]):  # the Llama 3 split's longer chunks (stage_layers:
-        # stage 0's last n_long chunks, the other stages' first n_long)
-        j, r = np.arange(v)[None, None, :], u["n_long"][:, :, None]
-        k0 = (np.arange(p) == 0)[None, :, None]
-        long = np.where(k0 & (p > 1), j >= v - r, j < r)
-        f = np.where(long, u["f_core_hi"][:, :, None], f)
-        b = np.where(long, u["b_core_hi"][:, :, None], b)
-    f[:, :, 0] += u["emb_f"]
-    b[:, :, 0] += u["emb_b"]
-    f[:, :, v - 1] += u["head_f"]
-    b[:, :, v - 1] += u["head_b"]
+    f, b, long = _chunk_units(u, p, v)
     dag = build_dag(candidate_schedule(v), p, m, v)
     # every per-unit term below reads the unit's stage, chunk, kind, gather flags and whether it
     # is micro-batch m-1's: computed once per class of units alike in those (``rep``: one unit
@@ -301,16 +289,7 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, windo
     st, chunk, bwd, mb = dag.stage[rep], dag.chunk[rep], dag.backward[rep], dag.mb[rep]
     extra = None  # (classes, candidates)
     if reshard is not None and p > 1 and "f_extra" in u:
-        g = gathering_units(candidate_schedule(v), p, m, v, reshard, window)[:, rep]
-        # the last chunk's backwards take the head's backward off their first gather (the head
-        # stage's ``b_extra_head``); an end chunk without layers (``empty_end``: stage 0's first,
-        # the last stage's last) gathers none
-        last = chunk == v - 1
-        back = np.where(last[:, None], u.get("b_extra_head", u["b_extra"]).T[st], u["b_extra"].T[st])
-        extra = g[0][:, None] * u["f_extra"].T[st] + g[1][:, None] * back
-        if "empty_end" in u:
-            end = ((st == 0) & (chunk == 0)) | ((st == p - 1) & last)
-            extra = np.where(end[:, None] & u["empty_end"].T[st], 0.0, extra)
+        extra = _gather_extra(u, p, m, v, reshard, window, rep, st, chunk)
     if "b_red" in u:
         # each chunk's last gradient unit (micro-batch m-1's backward) that does not end its stage's
         # order holds the compute stream for its FSDP2 copy-ins and its reductions
@@ -318,7 +297,7 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, windo
         # length. The unit that ends the stage's order copies in and reduces after its end (its
         # send has left): nothing added to it, or its send would reach the next stage too late
         waits = (bwd == 1) & (mb == m - 1) & (chunk != dag.chunk[dag.last][st])
-        hi = long[:, st, chunk].T if "n_long" in u and np.any(u["n_long"]) else np.zeros((st.size, 1), bool)
+        hi = long[:, st, chunk].T if long is not None else np.zeros((st.size, 1), bool)
         w_lo, w_hi = u.get("b_wait", u["b_red"]), u.get("b_wait_hi", u.get("b_wait", u["b_red"]))
         red = waits[:, None] * np.where(hi, np.maximum(u["b_red"], w_hi).T[st], np.maximum(u["b_red"], w_lo).T[st])
         extra = red if extra is None else extra + red
@@ -332,6 +311,43 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, windo
     # the last unit's tail or its call's hold
     tail = np.maximum(u["tail"], hold_loads(loads[:, -1][None, :], two[:, None]) * p2p.T)
     return (_walk(dag, dur, u["p2p"], hold) + tail + u["end"]).max(axis=1)
+
+
+def _chunk_units(u: dict, p: int, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(forward seconds, backward seconds, each of shape (candidates, p, v): every chunk's core,
+    the embedding's on chunk 0 and the head's on chunk v - 1; where the Llama 3 split has longer
+    chunks, which ones are: stage 0's last ``n_long``, the other stages' first, else None)."""
+    f = np.repeat(u["f_core"][:, :, None], v, axis=2)
+    b = np.repeat(u["b_core"][:, :, None], v, axis=2)
+    long = None
+    if "n_long" in u and np.any(u["n_long"]):  # the Llama 3 split's longer chunks (stage_layers:
+        # stage 0's last n_long chunks, the other stages' first n_long)
+        j, r = np.arange(v)[None, None, :], u["n_long"][:, :, None]
+        k0 = (np.arange(p) == 0)[None, :, None]
+        long = np.where(k0 & (p > 1), j >= v - r, j < r)
+        f = np.where(long, u["f_core_hi"][:, :, None], f)
+        b = np.where(long, u["b_core_hi"][:, :, None], b)
+    f[:, :, 0] += u["emb_f"]
+    b[:, :, 0] += u["emb_b"]
+    f[:, :, v - 1] += u["head_f"]
+    b[:, :, v - 1] += u["head_b"]
+    return f, b, long
+
+
+def _gather_extra(u: dict, p: int, m: int, v: int, reshard: bool, window: int, rep: np.ndarray, st: np.ndarray,
+                  chunk: np.ndarray) -> np.ndarray:
+    """Each unit class's FSDP gather seconds, shape (classes, candidates): ``f_extra`` or ``b_extra``
+    where the pass finds its chunk sharded (:func:`gathering_units`); the last chunk's backwards
+    take the head's backward off their first gather (the head stage's ``b_extra_head``); an end
+    chunk without layers (``empty_end``: stage 0's first, the last stage's last) gathers none."""
+    g = gathering_units(candidate_schedule(v), p, m, v, reshard, window)[:, rep]
+    last = chunk == v - 1
+    back = np.where(last[:, None], u.get("b_extra_head", u["b_extra"]).T[st], u["b_extra"].T[st])
+    extra = g[0][:, None] * u["f_extra"].T[st] + g[1][:, None] * back
+    if "empty_end" in u:
+        end = ((st == 0) & (chunk == 0)) | ((st == p - 1) & last)
+        extra = np.where(end[:, None] & u["empty_end"].T[st], 0.0, extra)
+    return extra
 
 
 @lru_cache(maxsize=64)

@@ -35,6 +35,26 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append(f"[memory] fsdp_reduce {cfg.memory.fsdp_reduce!r} is not searched: each candidate reduces as its "
                    "pp and grad_accumulation say (after the last micro-batch with pp > 1, as "
                    "torch.distributed.pipelining does)")
+    out += _engine_notes(cfg, c) + _recompute_notes(cfg, c)
+    if t.pp_schedule_runs > 1:
+        out.append(f"training.pp_schedule_runs {t.pp_schedule_runs} applies to candidates with pp > 1: each runs its "
+                   f"micro-batches as {t.pp_schedule_runs} pipeline schedules (a candidate whose micro-batches it does "
+                   "not divide is rejected); with pp 1 it changes nothing")
+    if (t.overlap_grad_reduce or t.overlap_param_gather) and not (c.sh == SHARDING.index("zero1")).all():
+        out.append("training.overlap_grad_reduce and overlap_param_gather are Megatron-LM's DDP-buffer flags (zero1 "
+                   "candidates); the others are planned without them (Megatron FSDP forces its own overlap)")
+    if t.fp8_all_gather and not fsdp.all():
+        out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
+                   "parameters with FSDP2 and are planned without it (their Linear GEMMs still in fp8)")
+    return out
+
+
+def _engine_notes(cfg: Config, c: Candidates) -> list[str]:
+    """:func:`settings_notes`' lines on the engines: where ``training.zero3_engine``,
+    ``zero0_engine`` or ``zero12_engine`` does not apply to every candidate's sharding, how those
+    candidates were planned (hsdp candidates with FSDP2, named only where searched); zero1
+    rejected under torch (:func:`~meshplan.search.reasons.zero1_refused`)."""
+    t, out = cfg.training, []
     hsdp = ", hsdp candidates with FSDP2" if (c.sh == SHARDING.index("hsdp")).any() else ""  # only what is searched
     if t.zero3_engine == "deepspeed" and not (c.sh == SHARDING.index("zero3")).all():
         out.append("training.zero3_engine 'deepspeed' applies to zero3 candidates with pp 1; zero1 and zero2 "
@@ -57,6 +77,15 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append("zero1 is rejected under training.framework \"torch\" (rule 'framework'): torch and torchtitan "
                    "have no engine that shards the optimizer state alone; set training.zero12_engine = \"deepspeed\" "
                    "(DeepSpeed's ZeRO-1) or framework = \"megatron\" (its distributed optimizer) to search it")
+    return out
+
+
+def _recompute_notes(cfg: Config, c: Candidates) -> list[str]:
+    """:func:`settings_notes`' lines on recompute under torch: ``selective`` not searched (or searched
+    because ``[search] recompute`` lists it, and what torchtitan runs of it); ``op`` searched on
+    candidates with tp = cp = 1 only (:func:`meshplan.search.space_recompute.op_recompute_ok`), with
+    ``layer`` beside it where :func:`~meshplan.search.space_recompute.layer_for_op` adds it."""
+    t, out = cfg.training, []
     if t.has_op_recompute and "selective" in cfg.search.recompute and "recompute" not in cfg.search.model_fields_set:
         out.append("recompute 'selective' is not searched under training.framework \"torch\": it is Megatron-LM's "
                    "core-attention recompute, which torchtitan has no option for; searched: none, op (torchtitan's "
@@ -76,14 +105,4 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
                    "replay runs is not modelled)"
                    + ("; with ep > 1 or multi-head latent attention 'layer' (every 2nd layer in full) is searched "
                       "beside it" if layer_for_op(cfg) and ((c.ep > 1).any() or cfg.model.is_mla) else ""))
-    if t.pp_schedule_runs > 1:
-        out.append(f"training.pp_schedule_runs {t.pp_schedule_runs} applies to candidates with pp > 1: each runs its "
-                   f"micro-batches as {t.pp_schedule_runs} pipeline schedules (a candidate whose micro-batches it does "
-                   "not divide is rejected); with pp 1 it changes nothing")
-    if (t.overlap_grad_reduce or t.overlap_param_gather) and not (c.sh == SHARDING.index("zero1")).all():
-        out.append("training.overlap_grad_reduce and overlap_param_gather are Megatron-LM's DDP-buffer flags (zero1 "
-                   "candidates); the others are planned without them (Megatron FSDP forces its own overlap)")
-    if t.fp8_all_gather and not fsdp.all():
-        out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
-                   "parameters with FSDP2 and are planned without it (their Linear GEMMs still in fp8)")
     return out

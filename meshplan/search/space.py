@@ -338,9 +338,10 @@ def no_data_axis_twin(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray
 
 
 def overlap_searched(training) -> bool:
-    """Whether the search varies ``training.tp_comm_overlap``: under Megatron-LM, and under torch
-    with ``torch_compile`` (torchtitan's async TP needs torch.compile)."""
-    return training.framework == "megatron" or training.torch_compile
+    """Whether the search varies ``training.tp_comm_overlap``: under Megatron-LM (not Megatron-DeepSpeed,
+    whose parser has no ``--tp-comm-overlap``: :attr:`~meshplan.spec.training_engines.TrainingEngines.megatron_deepspeed`),
+    and under torch with ``torch_compile`` (torchtitan's async TP needs torch.compile)."""
+    return (training.framework == "megatron" and not training.megatron_deepspeed) or training.torch_compile
 
 
 def _flags(allowed, default: bool) -> list[int]:

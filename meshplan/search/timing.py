@@ -118,24 +118,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     v = c.vpp[:, None]
     one = v == 1
     r = u["n_long"]  # chunks of n_chunk_hi layers (the Llama 3 split with vpp > 1; else 0)
-    # the gathering passes: none of a chunk without layers (the Llama 3 split at one slot per
-    # virtual stage: stage 0's first chunk, the head stage's last), and the head's chunk's
-    # backwards apart (the only ones whose first gather runs beside the head's backward)
-    ends = end_chunk_passes(c, st, pipeline_window(cfg.training.framework, st.k.shape[1]))
-    empty0, empty_l = st.first & (st.n_chunk == 0), st.last & (st.n_chunk == 0) & ~one
-    g_f = u["g_f"] - empty0 * ends["f0"] - empty_l * ends["fl"]
-    g_b = u["g_b"] - empty0 * ends["b0"] - empty_l * ends["bl"]
-    g_bh = np.where(one, st.last * g_b, st.last * ~empty_l * ends["bl"])
-    # the v - 1 chunks that do not end the stage's order wait for their reductions (``b_wait``):
-    # whichever chunk ends it, at least r - 1 of those hold n_chunk_hi layers (the wait grows with n)
-    w_long = np.maximum(r - 1, 0)
-    w_short = v - 1 - w_long
-    # (``more_replays``: per-layer AC's replays beyond each chunk's fewest, layer_replays)
-    busy = st.m * ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
-                   + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"] + u["more_replays"]) \
-        + g_f * u["f_extra"] + (g_b - g_bh) * u["b_extra"] + g_bh * u["b_extra_head"] \
-        + (v - r) * u["b_red"] + r * u["b_red_hi"] + u["root_extra"] \
-        + w_short * (u["b_wait"] - u["b_red"]) + w_long * (u["b_wait_hi"] - u["b_red_hi"])
+    empty0, busy = _busy(cfg, c, st, u, v, one, r)
     f0 = u["f_core0"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
     b0 = u["b_core0"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
     p2p, tail, end = u["p2p"], u["tail"], u["end"]
@@ -164,15 +147,45 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # stages 0..k-1 and runs every unit, but its last unit is a weight gradient (tail not
     # bounded here) and the gradient's way back runs input gradients only (no drain bound)
     v_out = (fill + busy + end).max(axis=1)
-    # one micro-batch's path: micro-batch 0 runs forward through every virtual stage in order
-    # (chunk j of stages 0..p-1, then chunk j + 1), each hop one p2p send, then backward through
-    # all of them in reverse, and stage 0 ends after its backward of chunk 0: the whole step when
-    # m is 1, and what bounds few micro-batches over many chunks (interleaved 1F1B, 1 micro-batch
-    # on pp 4 x vpp 8: about 3.5x the fill-busy-drain bound)
+    path1 = _one_microbatch(c, st, u, v, r)
+    return np.where(st.vshape[:, 0], v_out, np.maximum(np.where(c.vpp == 1, np.maximum(out, one_f), out), path1))
+
+
+def _busy(cfg: Config, c: Candidates, st: Stages, u: dict, v: np.ndarray, one: np.ndarray,
+          r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(stage 0's first chunk empty, per candidate and stage; each stage's busy seconds): every
+    unit's core and the ends' units over ``st.m`` micro-batches, the gathering passes' extras, the
+    reductions, and the waits of the chunks that do not end the stage's order. The gathering
+    passes: none of a chunk without layers (the Llama 3 split at one slot per virtual stage: stage
+    0's first chunk, the head stage's last), and the head's chunk's backwards apart (the only ones
+    whose first gather runs beside the head's backward). The v - 1 chunks that do not end the
+    stage's order wait for their reductions (``b_wait``): whichever chunk ends it, at least r - 1
+    of those hold n_chunk_hi layers (the wait grows with n); ``more_replays``: per-layer AC's
+    replays beyond each chunk's fewest (layer_replays)."""
+    ends = end_chunk_passes(c, st, pipeline_window(cfg.training.framework, st.k.shape[1]))
+    empty0, empty_l = st.first & (st.n_chunk == 0), st.last & (st.n_chunk == 0) & ~one
+    g_f = u["g_f"] - empty0 * ends["f0"] - empty_l * ends["fl"]
+    g_b = u["g_b"] - empty0 * ends["b0"] - empty_l * ends["bl"]
+    g_bh = np.where(one, st.last * g_b, st.last * ~empty_l * ends["bl"])
+    w_long = np.maximum(r - 1, 0)
+    w_short = v - 1 - w_long
+    busy = st.m * ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
+                   + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"] + u["more_replays"]) \
+        + g_f * u["f_extra"] + (g_b - g_bh) * u["b_extra"] + g_bh * u["b_extra_head"] \
+        + (v - r) * u["b_red"] + r * u["b_red_hi"] + u["root_extra"] \
+        + w_short * (u["b_wait"] - u["b_red"]) + w_long * (u["b_wait_hi"] - u["b_red_hi"])
+    return empty0, busy
+
+
+def _one_microbatch(c: Candidates, st: Stages, u: dict, v: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """One micro-batch's path, seconds per candidate: micro-batch 0 runs forward through every
+    virtual stage in order (chunk j of stages 0..p-1, then chunk j + 1), each hop one p2p send,
+    then backward through all of them in reverse, and stage 0 ends after its backward of chunk 0:
+    the whole step when m is 1, and what bounds few micro-batches over many chunks (interleaved
+    1F1B, 1 micro-batch on pp 4 x vpp 8: about 3.5x the fill-busy-drain bound)."""
     p = st.k.shape[1]
     one_mb = ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
               + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"] + u["more_replays"]).sum(axis=1)
-    path1 = one_mb + 2 * (p * c.vpp - 1) * p2p[:, 0] + end[:, 0]
-    return np.where(st.vshape[:, 0], v_out, np.maximum(np.where(c.vpp == 1, np.maximum(out, one_f), out), path1))
+    return one_mb + 2 * (p * c.vpp - 1) * u["p2p"][:, 0] + u["end"][:, 0]
 
 

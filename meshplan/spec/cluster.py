@@ -139,7 +139,12 @@ class NICSpec(BaseModel):
     ``name``: the device NCCL's IB transport selects (NCCL_IB_HCA, e.g. ``mlx5_0``);
     ``ifname``: the Linux IP interface that carries this NIC's TCP traffic (e.g. ``ib0``
     for IPoIB on ``mlx5_0``, ``eth2`` for an Ethernet port), None when not known: NCCL's
-    socket transport selects IP interfaces (NCCL_SOCKET_IFNAME), never HCA names."""
+    socket transport selects IP interfaces (NCCL_SOCKET_IFNAME), never HCA names.
+    ``transport``: the fabric the NIC speaks, ``"infiniband"`` (every catalog node's) or
+    ``"roce"`` (RoCEv2 on Ethernet, which NCCL's IB verbs transport drives too); it changes no
+    time: no public nccl-tests sweep over RoCEv2 was found, so a RoCE NIC is timed on the node's
+    ``nic`` curve, measured on InfiniBand, read against its own line rate, and step says so
+    (:func:`meshplan.comm.calibration_notes.roce_note`)."""
 
     model_config = _STRICT
     name: Name
@@ -148,6 +153,7 @@ class NICSpec(BaseModel):
     socket: int = Field(default=0, ge=0, le=MAX_GPUS_PER_NODE)
     rail: int = Field(ge=0, le=MAX_GPUS_PER_NODE)
     ifname: Optional[Name] = None
+    transport: Literal["infiniband", "roce"] = "infiniband"
 
     @property
     def bandwidth_bytes_per_s(self) -> float:

@@ -17,6 +17,9 @@ from meshplan.units import dtype_bytes
 #: edaa722 ``runtime/zero/config.py``: ``reduce_bucket_size: int = Field(pp_int(5e8), ge=0)``): the
 #: bucket of ``training.zero12_engine = "deepspeed"`` when ``grad_bucket_elements`` is unset.
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+#: DeepSpeed's ZeRO-3 ``zero_optimization.sub_group_size`` default, elements (edaa722
+#: ``runtime/zero/config.py:175``, ``pp_int(1e9)``; not modelled: :func:`meshplan.interop.deepspeed_zero.sub_group_note`).
+DEEPSPEED_SUB_GROUP_ELEMENTS = 10**9
 #: DeepSpeed ZeRO-3's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` defaults,
 #: elements (deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py:215, 238``: 5e7 and 1e9).
 DEEPSPEED_PREFETCH_ELEMENTS = 50_000_000

@@ -55,8 +55,26 @@ class TrainingEngines(TrainingRecompute):
         True
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", zero3_engine="deepspeed-2021").torchtitan_units
         False
+
+        ``fsdp_root_unit`` (torchtitan before 83e6941, #1094, 2025-07-28: 9dec370 and 820504e, the
+        revisions of its published H100 runs): ``apply_fsdp`` wraps each block and then
+        ``fully_shard(model)`` alone (9dec370 ``torchtitan/parallelisms/parallelize_llama.py:325-339``,
+        820504e ``torchtitan/models/llama3/parallelize_llama.py:344-367``), so the embedding, the final
+        norm and the output layer are one FSDP2 unit, the root's: gathered once in the root's
+        pre-forward and kept gathered to the end of backward (FSDP2's ``_lazy_init``: "For the root, do
+        not reshard after forward", ``post_forward_mesh_info = None``), reduced once in
+        ``_root_post_backward_final_callback`` (the root's forward input, the token ids, needs no
+        gradient, so no post-backward hook runs earlier), whose end the compute stream waits for
+        (torch ``distributed/fsdp/_fully_shard/_fsdp_state.py``, read in a public copy of early 2025,
+        where the root rule is unconditional; torch 2.13 applies it only when ``reshard_after_forward``
+        is left unset; torch 1963fc8 not read). Planned as the one root unit below: not torchtitan's
+        later units.
+
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", fsdp_root_unit=True).torchtitan_units
+        False
         """
-        return self.framework == "torch" and self.sharding in ("zero3", "hsdp") and self.zero3_engine != "deepspeed-2021"
+        return self.framework == "torch" and self.sharding in ("zero3", "hsdp") and \
+            self.zero3_engine != "deepspeed-2021" and not self.fsdp_root_unit
 
     def reshard_default(self, pp: int) -> bool:
         """``reshard_after_forward`` where the config leaves it unset, at pipeline degree ``pp``:
@@ -262,6 +280,24 @@ class TrainingEngines(TrainingRecompute):
         """
         return (self.sharding == "zero1" and self.zero12_engine == "deepspeed" and self.param_dtype == "bf16"
                 and self.grad_dtype == "fp32")
+
+    @property
+    def megatron_deepspeed(self) -> bool:
+        """Whether Megatron-DeepSpeed runs this training, so that its arguments are written in its
+        parser's spellings (:mod:`meshplan.interop.megatron_deepspeed_args`): framework ``megatron``
+        with the sharding under one of DeepSpeed's engines (none ``zero0_engine``, zero1 and zero2
+        ``zero12_engine``, zero3 ``zero3_engine`` = "deepspeed"), which Megatron-LM cannot start
+        (its parser has no ``--deepspeed``) and an import of ``--deepspeed --zero-stage N`` gives
+        (:func:`meshplan.interop.megatron_deepspeed.deepspeed_engine`), as ``export`` writes it.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> mds = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1", zero12_engine="deepspeed")
+        >>> mds.megatron_deepspeed, mds.model_copy(update={"zero12_engine": "megatron"}).megatron_deepspeed
+        (True, False)
+        """
+        engine = {"none": self.zero0_engine, "zero1": self.zero12_engine, "zero2": self.zero12_engine,
+                  "zero3": self.zero3_engine}.get(self.sharding)
+        return self.framework == "megatron" and engine == "deepspeed"
 
     @property
     def has_op_recompute(self) -> bool:

@@ -116,6 +116,8 @@ class TrainingFields(BaseModel):
     sharding: Literal["none", "zero1", "zero2", "zero3", "hsdp"] = "zero3"
     reshard_after_forward: bool = True
     reshard_head_after_forward: bool = False
+    # torchtitan before 83e6941 (#1094): one FSDP2 root unit of both ends (TrainingEngines.torchtitan_units)
+    fsdp_root_unit: bool = False
     recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
     recompute_modules: tuple[str, ...] = ("core_attn",)  # recompute "selective": meshplan.spec.recompute_modules
     # which torchtitan (TrainingEngines.op_sac, .torchtitan_v022): unset plans op SAC as 238fa99, expert TP as b5bcd76

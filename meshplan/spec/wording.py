@@ -268,7 +268,9 @@ def kind_words(training, origin: str = "", dp: int = 0) -> dict[str, str]:
         return {}
     part = f"1/{dp if dp else 'N'} on each rank of the data-parallel group"
     whole = f"whole on every rank (ZeRO stage {stage} does not partition them)"
-    out = {"params": f"ZeRO-3 partitioned parameters ({part})" if stage == 3 else f"parameters, {whole}",
+    g = training.zero_hpz_partition_size if stage == 3 and training.zero3_engine == DEEPSPEED else 1
+    sec = f" and hpZ's secondary partition of them (1/{g} on each rank of its group of {g})" if g > 1 else ""
+    out = {"params": f"ZeRO-3 partitioned parameters ({part}){sec}" if stage == 3 else f"parameters, {whole}",
            "master": "fp32 master weights" + (f", ZeRO-{stage} partition ({part})" if stage else f", {whole}"),
            "optimizer": "optimizer states" + (f", ZeRO-{stage} partition ({part})" if stage else f", {whole}"),
            "grads": {0: f"gradients kept for the step, {whole}",

@@ -162,7 +162,10 @@ class Transformer(nn.Module):
     ``spec.vocab``; pass meshplan's padded vocabulary to match the plan). ``tp``: the
     tensor-parallel degree the model will be split over, used only to copy KV heads when
     ``tp > kv_heads``. ``recompute``: full activation recomputation of every layer
-    (non-reentrant ``torch.utils.checkpoint``), or a function of the layer's position saying
+    (non-reentrant ``torch.utils.checkpoint`` with ``early_stop=False``, as torchtitan's
+    ``ptd_checkpoint_wrapper`` since 25413d2: 238fa99 ``config/job_config.py`` 675, passed at
+    ``distributed/activation_checkpoint.py`` 45, 135, 154; b5bcd76 there 180, 285: the replay re-runs
+    the whole block, its closing TP collective too), or a function of the layer's position saying
     which (``TrainingSpec.layer_recomputed``: torchtitan's per-layer AC, every ``ac_freq``-th; at pp 1
     Megatron-LM's block recompute, the rank's first ``recompute_num_layers``)."""
 
@@ -202,7 +205,7 @@ class Transformer(nn.Module):
         for k, block in enumerate(self.layers.values()):
             ckpt = self.recompute(k) if callable(self.recompute) else self.recompute
             if ckpt and torch.is_grad_enabled():
-                x = checkpoint(block, x, rope, use_reentrant=False)
+                x = checkpoint(block, x, rope, use_reentrant=False, early_stop=False)
             else:
                 x = block(x, rope)
         return self.output(self.final_norm(x))

@@ -79,7 +79,8 @@ class StageModule(nn.Module):
             rope = (cos[pos], sin[pos]) if cp is not None else (cos, sin)
         for block in self.layers.values():
             if self.recompute and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False)
+                # early_stop=False: torchtitan's (238fa99 activation_checkpoint.py 45/135/154, b5bcd76 180/285)
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False, early_stop=False)
             else:
                 x = block(x, rope)
         if self.last:

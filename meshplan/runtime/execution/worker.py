@@ -184,6 +184,9 @@ def maybe_fault(args, rank: int, step: int) -> None:
 
 
 def run(args) -> None:
+    """One job of this rank (module docstring): start-up (process group, DeviceMesh, the plan's
+    model, its start-up print), the steps and their files, then the DCP probe (pp 1) and the
+    plan's collectives timed; each phase written to ``status.json``, ``done`` last."""
     rank = int(os.environ["RANK"])
     folder = Path(args.out) / f"rank{rank}"
     status = Status(folder, rank)
@@ -197,18 +200,8 @@ def run(args) -> None:
     if world != mesh.world:
         raise RuntimeError(f"torchrun started {world} ranks but the plan's mesh has {mesh.world}")
     dm = init_mesh(mesh, device)
-    tp = mesh.degree("tp")
-    vocab = padded_vocab(model_spec.vocab, training.vocab_pad_divisor, tp)
-    if mesh.degree("pp") > 1:  # pipeline stages and schedule: meshplan.runtime.execution.pipelined
-        from meshplan.runtime.execution.pipelined import build_runner
-
-        model, runner = build_runner(plan, model_spec, training, mesh, dm, rank, vocab, args.seed, status, device)
-    else:
-        with torch.device("meta"):
-            model = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.layer_recomputed)
-        parallelize(model, dm, mesh, training, loss_parallel=tp > 1)
-        model.to_empty(device=device)
-        model.init_weights(seed=args.seed)
+    vocab = padded_vocab(model_spec.vocab, training.vocab_pad_divisor, mesh.degree("tp"))
+    model, runner = _build_model(args, plan, model_spec, training, mesh, dm, rank, vocab, status, device)
     info = startup(rank, mesh, plan, dm, model)
     if nic:
         info["nic"] = nic
@@ -217,6 +210,45 @@ def run(args) -> None:
     if mesh.degree("pp") == 1:  # sharding none: DDP over dp on the materialized model (parallelize.apply_ddp)
         trained = apply_ddp(model, dm, mesh) if training.sharding == "none" else model
         runner = Runner(trained, training, mesh, rank, vocab, args.seed, status, device)
+    step, timings, prof = _run_steps(args, runner, model, rank, folder, nic, device)
+    status.set(step, "writing trace")
+    _write_trace(folder, prof)
+    write_json(folder / "timings.json", {"rank": rank, "device": device, "threads": torch.get_num_threads(),
+                                         "steps": timings})
+    if mesh.degree("pp") == 1:  # DCP save and load after the steps (pipeline stages: not measured yet)
+        _checkpoint_probe(args, runner, rank, folder, status, step)
+    if args.probe_spec:  # the plan's collectives timed after the steps: meshplan.runtime.validation.probe
+        _collective_probe(args, rank, folder, status, step)
+    dist.barrier()
+    status.set(step, "finished", state="done")
+
+
+def _build_model(args, plan: dict, model_spec: ModelSpec, training: TrainingSpec, mesh, dm, rank: int, vocab: int,
+                 status: Status, device: str):
+    """(model, runner): with pp > 1 the rank's pipeline stages and their schedule
+    (:func:`meshplan.runtime.execution.pipelined.build_runner`); else the whole model built on the
+    meta device, split by :func:`~meshplan.runtime.execution.parallelize.parallelize`, materialized on
+    ``device`` and initialized from ``args.seed``, and no runner yet (:func:`run` makes it after the
+    start-up print, over DDP where ``sharding = "none"``)."""
+    tp = mesh.degree("tp")
+    if mesh.degree("pp") > 1:  # pipeline stages and schedule: meshplan.runtime.execution.pipelined
+        from meshplan.runtime.execution.pipelined import build_runner
+
+        return build_runner(plan, model_spec, training, mesh, dm, rank, vocab, args.seed, status, device)
+    with torch.device("meta"):
+        model = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.layer_recomputed)
+    parallelize(model, dm, mesh, training, loss_parallel=tp > 1)
+    model.to_empty(device=device)
+    model.init_weights(seed=args.seed)
+    return model, None
+
+
+def _run_steps(args, runner, model, rank: int, folder: Path, nic, device: str):
+    """The job's steps (module docstring, 5.): step 0 recorded (``collectives.json``, with the
+    clock after a barrier every rank leaves at about the same moment: the offset between hosts'
+    clocks), step 1 for memory (``memory.json``), ``args.steps`` measured, one profiled; on the
+    testbed the NIC counters around them (``nic_counters.json``). Returns (the last step's number,
+    the steps' timings, the profiler)."""
     timings = []
     nic_before = snapshot_nics(dist.barrier) if nic else None  # testbed: NIC counters around the steps
     step = 0
@@ -245,7 +277,11 @@ def run(args) -> None:
     if nic:
         write_json(folder / "nic_counters.json", {"rank": rank, "steps": len(timings), "before": nic_before,
                                                   "after": snapshot_nics(dist.barrier)})
-    status.set(step, "writing trace")
+    return step, timings, prof
+
+
+def _write_trace(folder: Path, prof) -> None:
+    """The profiled step's Chrome trace to ``trace.json``, atomically (a temporary file, then a rename)."""
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".trace.", suffix=".json")
     os.close(fd)
     try:
@@ -255,33 +291,38 @@ def run(args) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    write_json(folder / "timings.json", {"rank": rank, "device": device, "threads": torch.get_num_threads(),
-                                         "steps": timings})
-    if mesh.degree("pp") == 1:  # DCP save and load after the steps (pipeline stages: not measured yet)
-        from meshplan.runtime.execution.checkpoint import measure_dcp
 
-        status.set(step, "checkpoint")
-        ck = Path(args.out) / "dcp_probe"
-        try:
-            rec = measure_dcp(runner.model, runner.opt, ck, rank)
-        except Exception as e:  # a state DCP cannot save is reported, not fatal to the run's other evidence
-            rec = {"rank": rank, "error": f"{type(e).__name__}: {e}"}
-        write_json(folder / "checkpoint.json", rec)
-        dist.barrier()
-        if rank == 0:
-            shutil.rmtree(ck, ignore_errors=True)
-    if args.probe_spec:  # the plan's collectives timed after the steps: meshplan.runtime.validation.probe
 
-        status.set(step, "collective probe")
-        handles: dict = {}  # each axis's groups made once, for the probe and the message curves
-        write_json(folder / "probe.json", run_probe(rank, json.loads(Path(args.probe_spec).read_text()),
-                                                    handles=handles))
-        if args.curve_spec:  # message curves: each axis's ops over CURVE_SIZES (meshplan.runtime.validation.staged)
-            status.set(step, "message curves")
-            write_json(folder / "curves.json", run_probe(rank, json.loads(Path(args.curve_spec).read_text()),
-                                                         budget_s=CURVE_BUDGET_S, handles=handles))
+def _checkpoint_probe(args, runner, rank: int, folder: Path, status: Status, step: int) -> None:
+    """One DCP save and load of the trained state (:func:`~meshplan.runtime.execution.checkpoint.measure_dcp`)
+    to ``checkpoint.json``; a state DCP cannot save is reported there, not fatal to the run's
+    other evidence. Rank 0 removes the checkpoint once every rank is done."""
+    from meshplan.runtime.execution.checkpoint import measure_dcp
+
+    status.set(step, "checkpoint")
+    ck = Path(args.out) / "dcp_probe"
+    try:
+        rec = measure_dcp(runner.model, runner.opt, ck, rank)
+    except Exception as e:  # a state DCP cannot save is reported, not fatal to the run's other evidence
+        rec = {"rank": rank, "error": f"{type(e).__name__}: {e}"}
+    write_json(folder / "checkpoint.json", rec)
     dist.barrier()
-    status.set(step, "finished", state="done")
+    if rank == 0:
+        shutil.rmtree(ck, ignore_errors=True)
+
+
+def _collective_probe(args, rank: int, folder: Path, status: Status, step: int) -> None:
+    """The plan's collectives timed after the steps (:mod:`~meshplan.runtime.validation.probe`,
+    ``probe.json``), then with ``args.curve_spec`` each axis's ops over the message sizes
+    (``curves.json``, within ``CURVE_BUDGET_S``); each axis's groups made once for both."""
+    status.set(step, "collective probe")
+    handles: dict = {}  # each axis's groups made once, for the probe and the message curves
+    write_json(folder / "probe.json", run_probe(rank, json.loads(Path(args.probe_spec).read_text()),
+                                                handles=handles))
+    if args.curve_spec:  # message curves: each axis's ops over CURVE_SIZES (meshplan.runtime.validation.staged)
+        status.set(step, "message curves")
+        write_json(folder / "curves.json", run_probe(rank, json.loads(Path(args.curve_spec).read_text()),
+                                                     budget_s=CURVE_BUDGET_S, handles=handles))
 
 
 def parse_args(argv=None):

@@ -140,55 +140,30 @@ def measure(cfg, plan, rank: int = 0, device: str = "cuda", warmup: int = 2, ste
             profile: bool = False) -> Measured:
     """Run the reduced config's rank ``rank`` (module docstring) and time it; ``profile``: one more
     step under torch.profiler, its kernels summed by kind (:func:`~meshplan.runtime.validation.rank_profile.kernel_kind`)."""
-    from meshplan.runtime.execution.model import Transformer
-    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
     from meshplan.runtime.validation.dryrun import fake_process_group
 
-    mesh, t = plan.mesh, cfg.training
-    tp, cp = mesh.degree("tp"), mesh.degree("cp")
-    v = padded_vocab(cfg.model.vocab, t.vocab_pad_divisor, tp)
+    mesh = plan.mesh
     cuda = device.startswith("cuda")
     with fake_process_group(mesh.world, rank), warnings.catch_warnings():
         # FSDP2 warns that the embedding returns a view (an in-place op on it would skip the
         # all-gather hook): the runtime model makes none (x = x + ...), so it says nothing here
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-        dm = init_mesh(mesh, "cuda" if cuda else "cpu")
-        with torch.device("meta"):
-            model = Transformer(cfg.model, vocab=v, tp=tp, recompute=t.layer_recomputed)
-        parallelize(model, dm, mesh, t, loss_parallel=tp > 1, mixed_precision=cuda)
-        model.to_empty(device=device)
-        _fill(model)
+        model = _rank_model(cfg, mesh, device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         clock = LayerClock(device)
         handles = _hook_blocks(model, clock)
-        b, s = t.micro_batch, t.seq_len // cp
-        gen = torch.Generator(device=device).manual_seed(rank)
-        tokens = torch.randint(0, cfg.model.vocab, (b, s), device=device, generator=gen)
-        labels = torch.randint(0, cfg.model.vocab, (b, s), device=device, generator=gen)
-        per_step: list = []
+        tokens, labels = _batch(cfg, mesh, rank, device)
+        train = lambda: _train_step(model, opt, tokens, labels, mesh.degree("tp") > 1, clock)
         mem: tuple[Optional[int], Optional[int]] = (None, None)
         held: dict = {}
         extra: dict = {}
         try:
-            for k in range(warmup + steps):
-                if cuda and k == warmup + steps - 1:
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                clock.marks.clear()
-                t0 = clock.stamp()
-                _train_step(model, opt, tokens, labels, tp > 1, clock)
-                t1 = clock.stamp()
-                secs = clock.seconds()
-                step = t0.elapsed_time(t1) / 1e3 if cuda else t1 - t0
-                if k >= warmup:
-                    per_step.append(dict(step_s=step, host_forward_s=clock.host["forward"],
-                                         host_backward_s=clock.host["backward"], **{kind: v for kind, v in secs.items()},
-                                         **{f"memory_{x}_bytes": v for x, v in clock.memory.items()}))
+            per_step = _timed_steps(train, clock, warmup, steps, cuda)
             if cuda:
                 mem = (int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved()))
                 held = held_bytes(model, opt)
             if profile:
-                extra = profiled(lambda: _train_step(model, opt, tokens, labels, tp > 1, clock), cuda)
+                extra = profiled(train, cuda)
                 extra["host_forward_s"], extra["host_backward_s"] = clock.host["forward"], clock.host["backward"]
         finally:
             for h in handles:
@@ -201,6 +176,57 @@ def measure(cfg, plan, rank: int = 0, device: str = "cuda", warmup: int = 2, ste
     return Measured(forward_s=med("forward"), backward_s=med("backward"), recompute_s=med("recompute"),
                     step_s=statistics.median(st["step_s"] for st in per_step), peak_allocated_bytes=mem[0],
                     peak_reserved_bytes=mem[1], per_step=per_step, held=held, profile=extra)
+
+
+def _rank_model(cfg, mesh, device: str):
+    """The reduced model of one rank on ``device``: built on the meta device, split by
+    :func:`~meshplan.runtime.execution.parallelize.parallelize` over the (fake) DeviceMesh (mixed
+    precision on CUDA), materialized and filled (:func:`_fill`)."""
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+
+    t, tp = cfg.training, mesh.degree("tp")
+    cuda = device.startswith("cuda")
+    dm = init_mesh(mesh, "cuda" if cuda else "cpu")
+    with torch.device("meta"):
+        model = Transformer(cfg.model, vocab=padded_vocab(cfg.model.vocab, t.vocab_pad_divisor, tp), tp=tp,
+                            recompute=t.layer_recomputed)
+    parallelize(model, dm, mesh, t, loss_parallel=tp > 1, mixed_precision=cuda)
+    model.to_empty(device=device)
+    _fill(model)
+    return model
+
+
+def _batch(cfg, mesh, rank: int, device: str):
+    """(tokens, labels) of one micro-batch on the rank's sequence shard (seq_len / cp), shape
+    (micro_batch, seq_len / cp), random from a generator seeded with ``rank``."""
+    b, s = cfg.training.micro_batch, cfg.training.seq_len // mesh.degree("cp")
+    gen = torch.Generator(device=device).manual_seed(rank)
+    tokens = torch.randint(0, cfg.model.vocab, (b, s), device=device, generator=gen)
+    labels = torch.randint(0, cfg.model.vocab, (b, s), device=device, generator=gen)
+    return tokens, labels
+
+
+def _timed_steps(train, clock: LayerClock, warmup: int, steps: int, cuda: bool) -> list[dict]:
+    """``warmup`` steps, then ``steps`` timed ones (CUDA events on CUDA, the host clock on CPU;
+    the peak memory counters reset before the last): per timed step its seconds, the host's
+    forward and backward seconds, the blocks' seconds by kind and the memory marks (bytes)."""
+    per_step: list = []
+    for k in range(warmup + steps):
+        if cuda and k == warmup + steps - 1:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        clock.marks.clear()
+        t0 = clock.stamp()
+        train()
+        t1 = clock.stamp()
+        secs = clock.seconds()
+        step = t0.elapsed_time(t1) / 1e3 if cuda else t1 - t0
+        if k >= warmup:
+            per_step.append(dict(step_s=step, host_forward_s=clock.host["forward"],
+                                 host_backward_s=clock.host["backward"], **{kind: v for kind, v in secs.items()},
+                                 **{f"memory_{x}_bytes": v for x, v in clock.memory.items()}))
+    return per_step
 
 
 def _train_step(model, opt, tokens, labels, loss_parallel: bool, clock: LayerClock) -> None:

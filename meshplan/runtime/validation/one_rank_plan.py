@@ -27,7 +27,7 @@ from meshplan.compute.layer import layer_cost
 from meshplan.errors import ConfigError
 from meshplan.memory.timeline import UNTRACKED_KINDS
 from meshplan.plan import Infeasible, Plan, build_plan
-from meshplan.schedule.rank_timeline import block_backward_issue_s
+from meshplan.schedule.backward_pass import block_backward_issue_s
 from meshplan.schedule.workload import workload_of
 
 #: ``[memory]`` of what the run does (module docstring): no NCCL buffers on the fake group, no

@@ -1,0 +1,56 @@
+"""Megatron-LM's parallel-size flags -> meshplan's ``[mesh]`` table (:mod:`meshplan.interop.megatron`
+reads the rest of the arguments; :mod:`~meshplan.interop.megatron_pipeline` the pipeline split):
+the degrees of ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+``--context-parallel-size``, ``--expert-model-parallel-size`` and ``--expert-tensor-parallel-size``
+(:data:`~meshplan.interop.megatron_flags.PARALLEL`), dp inferred as Megatron-LM infers it,
+``world / (tp x cp x pp)`` (``megatron/training/arguments.py`` at NVIDIA/Megatron-LM d98e8a6), and
+the axes' order outermost first, as meshplan writes a Megatron mesh (pp, dp, cp, tp, ep, etp).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.interop.common import model_is_moe, model_layers
+from meshplan.interop.megatron_flags import PARALLEL
+from meshplan.interop.megatron_model import num_flag as _num
+from meshplan.interop.world_words import megatron_world_error
+from meshplan.spec.mesh_words import data_axis
+
+
+def degrees(args: dict, model: dict, world: int, nodes: int) -> tuple[dict[str, int], int]:
+    """(each parallel axis's degree from its flag, default 1; the data-parallel degree
+    ``world / (tp x cp x pp)``). Without ``--expert-tensor-parallel-size`` etp is tp at any ep
+    (Megatron-LM's default: ``arguments.py:587-588`` at d98e8a6), 1 for a dense model (no experts
+    to split). A world that tp x cp x pp does not divide is the error Megatron-LM's would be
+    (:func:`~meshplan.interop.world_words.megatron_world_error`, naming ``nodes``).
+
+    >>> degrees({"--tensor-model-parallel-size": "4", "--pipeline-model-parallel-size": "2"}, {}, 64, 8)
+    ({'tp': 4, 'pp': 2, 'cp': 1, 'ep': 1, 'etp': 1}, 8)
+    """
+    deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
+    if "--expert-tensor-parallel-size" not in args:  # Megatron-LM: expert tp defaults to tp at any ep
+        # (arguments.py:587-588 at d98e8a6); a dense model has no experts to split
+        deg["etp"] = deg["tp"] if deg["ep"] > 1 or model_is_moe(model) else 1
+    dense = deg["tp"] * deg["cp"] * deg["pp"]
+    if world % dense:
+        raise megatron_world_error(deg, world, nodes, model_layers(model))
+    return deg, world // dense
+
+
+def mesh_table(args: dict, deg: dict[str, int], dp: int, sharding: str) -> dict[str, Any]:
+    """The ``[mesh]`` names, shape and ``sequence_parallel`` (``--sequence-parallel``), without the
+    pipeline split: the axes of degree > 1 and dp, named ``dp_shard`` where the ``sharding``
+    shards the parameters (:func:`~meshplan.spec.mesh_words.data_axis`, as DeepSpeed's ZeRO-3
+    import). etp 1 beside tp > 1 and ep > 1 is named: a ``[mesh]`` without etp gets etp = tp under
+    megatron (``config._megatron_etp``, Megatron-LM's default), so the flag's 1 would come back as tp.
+
+    >>> mesh_table({"--sequence-parallel": True}, {"tp": 4, "pp": 1, "cp": 1, "ep": 2, "etp": 1}, 8, "zero1")
+    {'names': ['dp', 'tp', 'ep', 'etp'], 'shape': [8, 4, 2, 1], 'sequence_parallel': True}
+    """
+    names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)
+             or (a == "etp" and deg["ep"] > 1 and deg["tp"] > 1)]
+    data = data_axis(sharding)
+    return {"names": [data if a == "dp" else a for a in names],
+            "shape": [dp if a == "dp" else deg[a] for a in names],
+            "sequence_parallel": bool(args.get("--sequence-parallel"))}
