@@ -501,7 +501,7 @@ def test_fsdp16_two_nodes():
     reduce-scatter ends, 1 - s until the embedding's all-gather ends; the embedding's gradient and
     copy-out beside layer 0's reduce-scatter, / (1 - s); the copy-ins find no ring running. The
     collectives keep their times (the NIC shares do not see the SMs), later where the compute is.
-    The step 4.2359 -> 4.4267 ms (forward 1.5079 -> 1.5499, backward 2.6430 -> 2.7920 ms; SM
+    The step 4.2359 -> 4.4267 ms (forward 1.5081 -> 1.5499, backward 2.6430 -> 2.7920 ms; SM
     contention 0.2135 ms, the F unit 0.0418, the B unit 0.1717).)"""
     n = 16
     lt, ht = layer_terms(1), head_terms(1)
