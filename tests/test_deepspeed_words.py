@@ -184,8 +184,9 @@ def test_search_and_export_agree_on_what_deepspeed_does_not_express(narrow):
             assert not [h for h in head if h.startswith("not expressed in deepspeed: memory")]
     if narrow:
         assert lines[0].endswith("training.recompute: DeepSpeed's JSON does not choose activation checkpointing, the "
-                                 "model code does (the export header names the policy to apply; an "
-                                 "activation_checkpointing section reads back as full, no section as none)")
+                                 "model code does (the export header names the policy to apply; full reads "
+                                 "back with import --gradient-checkpointing, the HF Trainer's "
+                                 "--gradient_checkpointing, anything else as none)")
 
 
 def _tp_config(tp: int, sharding: str = "zero1"):

@@ -15,15 +15,19 @@ TT = EXAMPLES / "torchtitan_llama3-8b_8xh100.toml"
 NODES = ", ".join(catalog.names("node"))
 
 
+#: What an unknown --cluster node's error adds since nc52fixC (newcomer trial 52 #16): the inline route.
+INLINE = "; or give a TOML file whose [cluster] writes the node inline (--cluster node.toml)"
+
+
 def test_unknown_cluster_names_the_option_and_the_closest_node(capsys):
     """Finding 4: ``--cluster dgx-h10`` is one edit from dgx-h100 (difflib ratio 14/15); the
     error names ``--cluster``, not the catalog's ``node``. dgx-h999 is close to none (ratio
     10/16 < 0.75): no guess. ``--gpu`` likewise."""
     assert run_main("plan", TT, "--cluster", "dgx-h10", "--nodes", "1") == 2
     assert capsys.readouterr().err == (f"error: --cluster: unknown node 'dgx-h10'; did you mean 'dgx-h100'? "
-                                       f"known: {NODES}\n")
+                                       f"known: {NODES}{INLINE}\n")
     assert run_main("plan", TT, "--cluster", "dgx-h999", "--nodes", "1") == 2
-    assert capsys.readouterr().err == f"error: --cluster: unknown node 'dgx-h999'; known: {NODES}\n"
+    assert capsys.readouterr().err == f"error: --cluster: unknown node 'dgx-h999'; known: {NODES}{INLINE}\n"
     assert run_main("plan", TT, "--cluster", "dgx-h100", "--nodes", "1", "--gpu", "h100-sxm5-80g") == 2
     assert capsys.readouterr().err.startswith("error: --gpu: unknown gpu 'h100-sxm5-80g'; did you mean "
                                               "'h100-sxm5-80gb'? known: a100-sxm-40gb, a100-sxm-80gb, ")
@@ -35,10 +39,10 @@ def test_unknown_cluster_in_another_case_or_a_part_of_names_is_guessed(capsys):
     node names: both are offered."""
     assert run_main("plan", TT, "--cluster", "DGX-H100", "--nodes", "1") == 2
     assert capsys.readouterr().err == (f"error: --cluster: unknown node 'DGX-H100'; did you mean 'dgx-h100'? "
-                                       f"known: {NODES}\n")
+                                       f"known: {NODES}{INLINE}\n")
     assert run_main("plan", TT, "--cluster", "h100", "--nodes", "1") == 2
     assert capsys.readouterr().err == (f"error: --cluster: unknown node 'h100'; did you mean 'dgx-h100' or "
-                                       f"'grand-teton-h100'? known: {NODES}\n")
+                                       f"'grand-teton-h100'? known: {NODES}{INLINE}\n")
 
 
 def _torchtitan(tmp_path, shard: int, tp: int) -> Path:

@@ -13,7 +13,8 @@ from meshplan.interop.common import ImportOptions
 from tests.cli_run import run_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-NAMES = ("fmt", "cluster", "nodes", "gpu", "model", "seq_len", "micro_batch", "grad_accum", "dtype")
+NAMES = ("fmt", "cluster", "nodes", "gpu", "model", "seq_len", "micro_batch", "grad_accum", "dtype",
+         "gradient_checkpointing")
 
 
 def test_options_are_import_options_fields_after_format():

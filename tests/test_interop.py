@@ -624,7 +624,9 @@ def test_deepspeed_zero3_gradient_dtypes(tmp_path, extra, grads, reduce):
     ``communication_data_type`` (``stage3.py:1798-1799``; unset the model's, ``engine.py:1405-1417``).
     Llama 3 8B over dp 8: a layer is 4096 x (4096 + 2 x 1024 + 4096) + 3 x 4096 x 14336 + 2 x 4096
     = 218,112,000 elements (every dim a multiple of 8: no FSDP padding), reduce-scattered as
-    436,224,000 B in bf16 (872,448,000 B in fp32, FSDP2's default before)."""
+    436,224,000 B in bf16 (872,448,000 B in fp32, FSDP2's default before) a layer: since nc52d in
+    ipg buckets of 5e8 elements across layers (comm/deepspeed_ipg.py), 32 layers' worth a
+    micro-batch in all, each call in the reduce dtype."""
     import json
 
     path = tmp_path / "ds.json"
@@ -635,8 +637,9 @@ def test_deepspeed_zero3_gradient_dtypes(tmp_path, extra, grads, reduce):
     assert (cfg.training.grad_dtype, cfg.training.gradient_reduce_dtype) == (grads, reduce)
     layer = 4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096
     rows = [r for r in build_plan(cfg, memory=False).collectives["stage 0"]
-            if r.op == "reduce-scatter" and r.cadence == "every layer"]
-    assert [r.size_bytes for r in rows] == [layer * {"bf16": 2, "fp32": 4}[reduce]] and layer == 218_112_000
+            if r.op == "reduce-scatter" and r.cadence.startswith("every layer (ipg bucket")]
+    assert sum(r.size_bytes * r.per_microbatch for r in rows) == 32 * layer * {"bf16": 2, "fp32": 4}[reduce]
+    assert {r.dtype for r in rows} == {reduce} and layer == 218_112_000
     text, header = export(cfg, "deepspeed", "x")
     assert not [h for h in header if h.startswith("not expressed")], header
     again = tmp_path / "again.json"

@@ -38,7 +38,8 @@ def test_dgx_h20_is_not_guessed_as_dgx_h200(capsys):
     assert run_main("plan", TT, "--cluster", "dgx-h20", "--nodes", "1") == 2
     assert capsys.readouterr().err == (
         f"error: --cluster: unknown node 'dgx-h20'; no catalog node holds GPU 'h20' ({H20}; 'dgx-h200' is another "
-        f"GPU, not a spelling of it); known: {NODE_GPUS}; {HOW}\n")
+        f"GPU, not a spelling of it); known: {NODE_GPUS}; {HOW}; or give a TOML file whose [cluster] writes the "
+        "node inline (--cluster node.toml)\n")  # the inline route, since nc52fixC (newcomer trial 52 #16)
 
 
 @pytest.mark.parametrize("typed,nearest", [("h20", "dgx-h200"), ("hgx-h20", "hgx-h800")])

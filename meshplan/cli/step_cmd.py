@@ -218,7 +218,7 @@ def _train_time(p, st, tokens: Optional[float]):
     if tokens is None:
         return None
     days = train_time(tokens, st.tokens_per_s, configured_reliability(p, job_interval(p.config, st.step_s)))
-    _echo(days.line(p.config.search.goodput_words().split(": ", 1)[1]))
+    _echo(days.line(p.config.search.goodput_inputs()))
     return days
 
 

@@ -35,7 +35,7 @@ from collections import Counter
 from functools import lru_cache
 from typing import Callable, Optional
 
-from meshplan.comm import fsdp2, zeropp_rows
+from meshplan.comm import deepspeed_ipg, fsdp2, zeropp_rows
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute import float8_fsdp
 from meshplan.compute.kernel_fragment import kernel_data
@@ -109,7 +109,9 @@ def _unit_rows(add, c: StageContext, units: list, key: tuple, n: int,
     shard over dp_replicate, counted by :func:`_call_counts`. FSDP2's copies (``copies``,
     :func:`_copy_seconds`) run on the compute stream (``copy_s``), DeepSpeed's on its
     collectives' streams (added to their time, with its copy-out :func:`_deepspeed_copied`);
-    the float8 weights' pre-all-gather casts on FSDP2's copy-in stream delay each all-gather."""
+    the float8 weights' pre-all-gather casts on FSDP2's copy-in stream delay each all-gather.
+    DeepSpeed's layers reduce-scatter once per ipg bucket of ``reduce_bucket_size``
+    (:func:`meshplan.comm.deepspeed_ipg.bucket_rows`), not once per layer."""
     label, axis, numel, gbytes, fp8, cast_s = key
     t, ds = c.training, _deepspeed_engine(c)
     rs = t.gradient_reduce_dtype
@@ -136,8 +138,12 @@ def _unit_rows(add, c: StageContext, units: list, key: tuple, n: int,
     else:
         add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
             f"the {label}'s backward", 7, per_step=back[1], copy_s=on_compute[0], ds_gpu_s=ds_out[1] + cast_s)
-    add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
-        per_step=red[1], copy_s=on_compute[1], ds_gpu_s=on_stream[1])
+    if ds and label == "layer":  # one reduce-scatter per ipg bucket of reduce_bucket_size (deepspeed_ipg)
+        layer = [x.numel for x in zeropp_rows.unit_tensors(c, label, numel)]
+        deepspeed_ipg.bucket_rows(add, c, layer, n, cadence, red, in_s)
+    else:
+        add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
+            per_step=red[1], copy_s=on_compute[1], ds_gpu_s=on_stream[1])
     if "dp_replicate" in c.mesh.layout.names:
         add("dp_replicate", "backward", "all-reduce", numel // fsdp_shards(c)[axis] * dtype_bytes(rs), rs, red[0],
             cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from meshplan.comm import zeropp
+from meshplan.comm import deepspeed_ipg, zeropp
 from meshplan.comm.row import path_time
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute.kernel_fragment import kernel_data
@@ -103,6 +103,9 @@ def unit_rows(add, c: StageContext, u: Unit, fwd: tuple, back: tuple, red: tuple
                     share=min(x, 1.0), part=part)
     if _qgz_nodes(c) > 1:
         _qgz_rows(add, c, u, red)
+    elif u.label == "layer":  # one reduce-scatter per ipg bucket of reduce_bucket_size (deepspeed_ipg)
+        deepspeed_ipg.bucket_rows(add, c, [x.numel for x in unit_tensors(c, u.label, u.numel)], u.n, u.cadence,
+                                  red, u.in_s)
     else:
         rs = t.gradient_reduce_dtype
         add("fsdp", "backward", "reduce-scatter", u.numel * dtype_bytes(rs), rs, red[0], u.cadence,

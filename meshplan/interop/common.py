@@ -40,7 +40,10 @@ class ImportOptions:
     DeepSpeed JSON's batch ``"auto"`` with (:func:`meshplan.interop.deepspeed_auto.fill_batch`);
     ``dtype``: the HF Trainer's ``--bf16`` (``bf16``), ``--fp16`` (``fp16``) or neither (``fp32``),
     what it fills ``bf16.enabled`` / ``fp16.enabled`` ``"auto"`` with
-    (:func:`meshplan.interop.deepspeed_auto.fill_dtype`). These numbers are checked here, their one home: a ConfigError naming the option when not a
+    (:func:`meshplan.interop.deepspeed_auto.fill_dtype`); ``gradient_checkpointing``: the HF Trainer's
+    ``--gradient_checkpointing`` (True: every decoder layer checkpointed, recompute ``full``;
+    None: not given, the Trainer's default off), which no DeepSpeed key says
+    (:func:`meshplan.interop.deepspeed.hf_recompute`). These numbers are checked here, their one home: a ConfigError naming the option when not a
     whole number >= 1."""
 
     cluster: Optional[str | ClusterSpec] = None
@@ -51,6 +54,7 @@ class ImportOptions:
     micro_batch: Optional[int] = None
     grad_accum: Optional[int] = None
     dtype: Optional[str] = None
+    gradient_checkpointing: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.dtype not in (None, "bf16", "fp16", "fp32"):

@@ -62,7 +62,17 @@ from meshplan.interop.common import (
     misspelt,
     model_option,
 )
-from meshplan.interop.deepspeed_auto import fill_batch, fill_dtype, fill_hidden, hidden_auto, hidden_of
+from meshplan.interop.deepspeed_auto import (
+    CHECKPOINTING,
+    fill_batch,
+    fill_dtype,
+    fill_hidden,
+    hf_recompute,
+    hidden_auto,
+    hidden_of,
+    model_code,
+    runs_hf_trainer,
+)
 from meshplan.interop.deepspeed_zero import (
     ZERO3_USED,
     ZERO12_USED,
@@ -243,17 +253,20 @@ def _batch_fix(g: int, m: int, a: int, dp: int) -> str:
 def read(d: dict, opts: ImportOptions) -> Imported:
     """meshplan tables of a parsed DeepSpeed config (module docstring)."""
     model = _check_config(d, opts)
+    hf_auto = runs_hf_trainer(d, None)  # before any "auto" is filled: the HF Trainer's model code
+    hf = hf_auto or bool(opts.gradient_checkpointing)  # its recompute: --gradient-checkpointing
     d, auto_line = fill_hidden(d, hidden_of(model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
     d = fill_dtype(fill_batch(d, opts.micro_batch, opts.grad_accum), opts.dtype)
     cluster, world = cluster_table(opts, "DeepSpeed")
     stage = zero_stage(d)
     global_batch, micro = batch(d, world)
     dtype = model_dtype(d)
-    recompute, notes = _recompute(d)
-    notes += [auto_line] if auto_line else []
+    recompute, notes = hf_recompute(d, opts.gradient_checkpointing) if hf else _recompute(d)
+    code, code_line = model_code(hf_auto)
+    notes += [code_line] + ([auto_line] if auto_line else [])
     training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
-                                **_clip(d, notes), "recompute": recompute}
+                                **_clip(d, notes), "recompute": recompute, **code}
     bf16_opt = runs_bf16_optimizer(d, stage, dtype)
     training |= _engine_training(d, stage, dtype, bf16_opt, notes)
     tables = {"model": model_option(model), "cluster": cluster, "training": training,
@@ -419,5 +432,3 @@ def _clip(d: dict, notes: list[str]) -> dict:
         raise ConfigError("gradient_clipping", f"must be a number >= 0 (0: no clipping) or \"auto\"; got {v!r}")
     return {"grad_clip": True, "grad_clip_norm": float(v)} if v > 0 else {"grad_clip": False}
 
-
-CHECKPOINTING = "activation_checkpointing"

@@ -195,3 +195,77 @@ def keep_auto(user: dict, written: dict, hidden: int) -> dict:
             written["gradient_clipping"] > 0:
         out["gradient_clipping"] = "auto"
     return out
+
+
+def runs_hf_trainer(d: dict, gradient_checkpointing: Optional[bool]) -> bool:
+    """Whether DeepSpeed config ``d`` is run by the HF Trainer: a value ``"auto"`` anywhere in it
+    (what only the Trainer fills, module docstring; its model code, :func:`model_code`) or
+    ``--gradient-checkpointing`` given (the Trainer's flag: its recompute, :func:`hf_recompute`,
+    without changing the model code a file without "auto" is planned with, so that an export's
+    round trip, which re-imports ``full`` with the flag, gives back the plan's). Read before any
+    ``"auto"`` is filled.
+
+    >>> runs_hf_trainer({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}}, None)
+    True
+    >>> runs_hf_trainer({"train_batch_size": 8}, None), runs_hf_trainer({"train_batch_size": 8}, True)
+    (False, True)
+    """
+    def has_auto(v: Any) -> bool:
+        return v == "auto" if not isinstance(v, dict) else any(has_auto(x) for x in v.values())
+    return bool(gradient_checkpointing) or has_auto(d)
+
+
+def model_code(hf: bool) -> tuple[dict, str]:
+    """(the ``[training]`` keys of the model code planned, the note line naming it and the key
+    that changes it). The HF Trainer (``hf``, :func:`runs_hf_trainer`) trains HF transformers'
+    model classes, whose ``LlamaRMSNorm`` is the decomposed norm: ``hidden_states.to(torch.float32)``,
+    ``pow(2).mean(-1, keepdim=True)``, ``* torch.rsqrt(variance + eps)``, ``self.weight *
+    hidden_states.to(input_dtype)`` (huggingface/transformers at 5dd4a63548857797727ae73eeb6a6e886ea02a3e,
+    ``src/transformers/models/llama/modeling_llama.py:60-74``), one kernel each uncompiled (the
+    Trainer compiles only with ``--torch_compile``): ``training.torch_norm = "decomposed"``
+    (:mod:`meshplan.compute.torch_eager`). The rest of its decoder layer is the eager torch layer
+    meshplan plans (SwiGLU ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, ``repeat_kv``, SDPA,
+    the same file); its RoPE (``rotate_half``) is timed as torchtitan's. Otherwise torchtitan's
+    model code (torch's fused ``nn.RMSNorm``), with a note naming the key (newcomer trial nc52 #8:
+    an HF Trainer config was planned with the fused norm, 33.60 s against 35.80 s decomposed).
+
+    >>> model_code(True)[0], model_code(False)[0]
+    ({'torch_norm': 'decomposed'}, {})
+    """
+    if hf:
+        return {"torch_norm": "decomposed"}, (
+            "model code: the HF Trainer's, HF transformers' (its LlamaRMSNorm upcasts, squares, averages and "
+            "scales in separate kernels: training.torch_norm = \"decomposed\"; set \"fused\" for a model whose "
+            "norm is torch's nn.RMSNorm, as torchtitan's)")
+    return {}, ("model code: torchtitan's (torch's fused nn.RMSNorm, training.torch_norm = \"fused\"); an HF "
+                "transformers model (the HF Trainer's) runs the decomposed LlamaRMSNorm: set training.torch_norm = "
+                "\"decomposed\"")
+
+
+def hf_recompute(d: dict, gradient_checkpointing: Optional[bool]) -> tuple[str, list[str]]:
+    """(``training.recompute``, its note) of DeepSpeed config ``d`` run by the HF Trainer. The
+    Trainer checkpoints activations only with its ``--gradient_checkpointing``
+    (``TrainingArguments.gradient_checkpointing``, default false: ``_inner_training_loop`` calls
+    ``self.model.gradient_checkpointing_enable(...)`` when it is set, huggingface/transformers at
+    000945a9b726d87a93e61e873b88ff8f3cd411b5 ``src/transformers/trainer.py``), after which
+    ``LlamaModel.forward`` runs every decoder layer through ``self._gradient_checkpointing_func``
+    (5dd4a63 ``modeling_llama.py``): each layer's input kept, the layer recomputed in backward,
+    meshplan's ``full``. meshplan's ``--gradient-checkpointing`` says it (``gradient_checkpointing``).
+    An ``activation_checkpointing`` section does not: it configures ``deepspeed.checkpointing``,
+    which HF's model code never calls, and the Trainer's DeepSpeed glue does not read it
+    (``integrations/deepspeed.py``, ``HfTrainerDeepSpeedConfig``).
+
+    >>> hf_recompute({}, True)[0], hf_recompute({"activation_checkpointing": {}}, None)[0]
+    ('full', 'none')
+    """
+    section = (" (the activation_checkpointing section configures deepspeed.checkpointing, which HF's model code "
+               "does not call)") if CHECKPOINTING in d else ""
+    if gradient_checkpointing:
+        return "full", ["--gradient-checkpointing: the HF Trainer's --gradient_checkpointing checkpoints every decoder "
+                        "layer (its input kept, the layer recomputed in backward): recompute = \"full\"" + section]
+    return "none", ["the HF Trainer checkpoints activations only with its --gradient_checkpointing, not given here: "
+                    "recompute = \"none\" (pass --gradient-checkpointing if the run sets it)" + section]
+
+
+#: DeepSpeed's activation-checkpointing section (``deepspeed.checkpointing``'s settings).
+CHECKPOINTING = "activation_checkpointing"

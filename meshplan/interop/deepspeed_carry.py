@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from meshplan.interop.common import flatten, merge_tables, strip_keys
 from meshplan.interop.deepspeed import CHECKPOINTING, DEEPSPEED_KEYS, USED
+from meshplan.interop.deepspeed_auto import runs_hf_trainer
 from meshplan.interop.deepspeed_zero import ZERO3_USED, ZERO12_USED
 
 
@@ -109,27 +110,41 @@ def with_section(user: dict, written: dict, recompute: str) -> dict:
 
 
 def recompute_change(user: dict, recompute: str) -> list[str]:
-    """One header line when the plan's ``recompute`` (``none`` or ``full``, which the exported
-    file states) is not the one the user's config ``user`` was read as
-    (:func:`source_recompute`): the JSON alone does not switch activation checkpointing, the
-    model code does (the import's own note), so the line says what to change there and what
-    became of the section. Other policies are not expressed by the file: their header line says
-    what to apply (:func:`meshplan.spec.recompute_words.deepspeed_recompute_fix`).
+    """One header line when the plan's ``recompute`` is ``none`` and the user's config ``user``
+    was read as ``full`` (:func:`source_recompute`: its ``activation_checkpointing`` section,
+    not a file of the HF Trainer's, whose recompute its ``--gradient_checkpointing`` says,
+    :func:`~meshplan.interop.deepspeed_auto.hf_recompute`): the JSON alone does not switch
+    activation checkpointing off, the model code does (the import's own note), so the line says
+    what to change there and what became of the section. ``full`` is said by
+    :func:`checkpointing_line`; other policies are not expressed by the file: their header line
+    says what to apply (:func:`meshplan.spec.recompute_words.deepspeed_recompute_fix`).
 
     >>> print(recompute_change({"activation_checkpointing": {"partition_activations": False}}, "none")[0])
     model code: recompute none here, full in the DeepSpeed config (its activation_checkpointing section); the JSON does not turn activation checkpointing off, the model code does: remove its deepspeed.checkpointing.checkpoint calls (Megatron-DeepSpeed: drop --checkpoint-activations); the section's settings are dropped: they configure only those calls, and a section reads back as recompute full
-    >>> recompute_change({}, "none"), recompute_change({}, "layer")
-    ([], [])
+    >>> recompute_change({}, "none"), recompute_change({}, "layer"), recompute_change({"activation_checkpointing": {},
+    ...     "train_batch_size": "auto"}, "none")
+    ([], [], [])
     """
-    was = source_recompute(user)
-    if recompute == was or recompute not in ("none", "full"):
+    if recompute != "none" or source_recompute(user) != "full" or runs_hf_trainer(user, None):
         return []
-    call = "deepspeed.checkpointing.checkpoint"
-    if recompute == "none":
-        return [f"model code: recompute none here, full in the DeepSpeed config (its {CHECKPOINTING} section); the JSON "
-                f"does not turn activation checkpointing off, the model code does: remove its {call} calls "
-                f"(Megatron-DeepSpeed: drop --checkpoint-activations); the section's settings are dropped: they "
-                f"configure only those calls, and a section reads back as recompute full"]
-    return [f"model code: recompute full here, none in the DeepSpeed config (no {CHECKPOINTING} section); the JSON does "
-            f"not turn activation checkpointing on, the model code does: wrap every transformer layer in {call} "
-            f"(Megatron-DeepSpeed: --checkpoint-activations), which the {CHECKPOINTING} section written configures"]
+    return [f"model code: recompute none here, full in the DeepSpeed config (its {CHECKPOINTING} section); the JSON "
+            f"does not turn activation checkpointing off, the model code does: remove its deepspeed.checkpointing."
+            f"checkpoint calls (Megatron-DeepSpeed: drop --checkpoint-activations); the section's settings are "
+            f"dropped: they configure only those calls, and a section reads back as recompute full"]
+
+
+def checkpointing_line(recompute: str) -> list[str]:
+    """The export header's line for ``recompute = "full"``, which no DeepSpeed key turns on
+    (:mod:`meshplan.interop.deepspeed_write`): where it is set instead, the HF Trainer's
+    ``--gradient_checkpointing`` (:func:`~meshplan.interop.deepspeed_auto.hf_recompute`) or
+    other model code's ``deepspeed.checkpointing.checkpoint`` calls; none for other policies.
+
+    >>> print(checkpointing_line("full")[0])
+    activation checkpointing (recompute full) is not a DeepSpeed JSON key: the HF Trainer runs it with --gradient_checkpointing (import this file with --gradient-checkpointing); other model code calls deepspeed.checkpointing.checkpoint on every transformer layer (Megatron-DeepSpeed: --checkpoint-activations), which an activation_checkpointing section only configures
+    """
+    if recompute != "full":
+        return []
+    return ["activation checkpointing (recompute full) is not a DeepSpeed JSON key: the HF Trainer runs it with "
+            "--gradient_checkpointing (import this file with --gradient-checkpointing); other model code calls "
+            f"deepspeed.checkpointing.checkpoint on every transformer layer (Megatron-DeepSpeed: --checkpoint-activations), "
+            f"which an {CHECKPOINTING} section only configures"]

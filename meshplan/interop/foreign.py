@@ -51,17 +51,24 @@ from meshplan.spec.recompute_words import deepspeed_recompute_fix
 #: Where a torchtitan job TOML and Megatron-LM arguments state the micro-batch and the global batch.
 BATCH_FIELDS = {"torchtitan": "training.local_batch_size (and training.global_batch_size)",
                 "megatron": "--micro-batch-size (and --global-batch-size)"}
+#: Where they state activation checkpointing (``--gradient-checkpointing`` is the HF Trainer's).
+RECOMPUTE_FIELDS = {"torchtitan": "activation_checkpoint.mode",
+                    "megatron": "--recompute-granularity (and --recompute-method)"}
 
 
 def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
     """Read ``path`` as ``fmt`` (torchtitan, megatron or deepspeed) into meshplan tables.
     ``--micro-batch`` / ``--grad-accum`` fill a DeepSpeed JSON's "auto" batch sizes only: a
     torchtitan or Megatron-LM file states its own (:data:`BATCH_FIELDS`), so either flag there is
-    an error naming that field rather than a flag silently ignored."""
+    an error naming that field rather than a flag silently ignored; ``--gradient-checkpointing``
+    likewise (:data:`RECOMPUTE_FIELDS`)."""
     given = [f for f, v in (("--micro-batch", opts.micro_batch), ("--grad-accum", opts.grad_accum)) if v is not None]
     if given and fmt in BATCH_FIELDS:
         raise ConfigError(given[0], f"only for a DeepSpeed JSON's \"auto\" batch sizes; a {fmt} config states its "
                           f"own: set {BATCH_FIELDS[fmt]} in {path.name}")
+    if opts.gradient_checkpointing is not None and fmt in RECOMPUTE_FIELDS:
+        raise ConfigError("--gradient-checkpointing", f"only for a DeepSpeed JSON run by the HF Trainer; a {fmt} "
+                          f"config states its own activation checkpointing: set {RECOMPUTE_FIELDS[fmt]} in {path.name}")
     text = config_text(path)
     if fmt == "torchtitan":
         python = python_job_refusal(path, text)
@@ -147,8 +154,9 @@ def reimport_options(cfg: Config, to: str) -> ImportOptions:
     c, table = cfg.cluster, cluster_table(cfg)
     opts = ImportOptions(cluster=table["system"], nodes=c.nodes, gpu=table.get("gpu")) if "system" in table else \
         ImportOptions(cluster=c, nodes=c.nodes)
-    if to == "deepspeed":
-        return replace(opts, model=catalog_model_name(cfg.model), seq_len=cfg.training.seq_len)
+    if to == "deepspeed":  # recompute full: no DeepSpeed key (deepspeed_write), the HF Trainer's flag
+        return replace(opts, model=catalog_model_name(cfg.model), seq_len=cfg.training.seq_len,
+                       gradient_checkpointing=True if cfg.training.recompute == "full" else None)
     hf = hf_source(cfg.model.source) if to == "torchtitan" and cfg.source_model else None
     return replace(opts, model=hf[1]) if hf else opts
 
@@ -157,7 +165,8 @@ def _import_line(to: str, opts: ImportOptions, cfg: Config) -> str:
     """The header's ``import with: meshplan import ...`` line; for a cluster carried whole
     (:func:`reimport_options`), the node (``NODE`` where the catalog has none of its name) and
     this plan's ``[cluster]`` to put in the imported TOML, as no option names that cluster."""
-    tail = (f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}" if to == "deepspeed" else
+    tail = (f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"
+            + (" --gradient-checkpointing" if opts.gradient_checkpointing else "") if to == "deepspeed" else
             f" --model {opts.model}" if to == "torchtitan" and opts.model else "")
     if not isinstance(opts.cluster, ClusterSpec):
         return (f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
@@ -366,7 +375,11 @@ def _deepspeed_file(cfg: Config, source: str, user: UserFile | None, opts: Impor
     """(the DeepSpeed JSON of ``cfg``, its re-import, the header's lines): a carried config's
     other keys and its activation-checkpointing section kept, the HF Trainer's "auto" kept where
     the plan's value is its fill, the keys rewritten. A DeepSpeed config holds no model: it is
-    re-imported with the config's own (a catalog name, or its fields)."""
+    re-imported with the config's own (a catalog name, or its fields), and with the plan's model
+    code (``training.torch_norm``, :func:`~meshplan.interop.deepspeed_auto.model_code`), which it
+    does not hold either; ``recompute = "full"`` by ``--gradient-checkpointing``
+    (:func:`reimport_options`), the header saying where it is set
+    (:func:`~meshplan.interop.deepspeed_carry.checkpointing_line`)."""
     head: list[str] = []
     mine = user if user is not None and user.fmt == "deepspeed" else None
     doc, kept = deepspeed_carry.carried(mine.doc, deepspeed_carry.with_section(
@@ -378,10 +391,12 @@ def _deepspeed_file(cfg: Config, source: str, user: UserFile | None, opts: Impor
         head.append(f"carried unchanged from {source}: {', '.join(kept)}")
     head += _rewritten(user, "deepspeed", source, doc)
     head += deepspeed_carry.recompute_change(mine.doc, cfg.training.recompute) if mine is not None else []
+    head += deepspeed_carry.checkpointing_line(cfg.training.recompute)
     body = json.dumps(doc, indent=2) + "\n"
     again = deepspeed.read(deepspeed_auto.fill_hidden(doc, cfg.model.hidden)[0],  # "auto" as the plan's model fills it
                            replace(opts, model=opts.model or catalog.names("model")[0]))
-    return body, replace(again, tables=again.tables | {"model": model_table(cfg)}), head
+    code = again.tables["training"] | {"torch_norm": cfg.training.torch_norm}  # the model code, as the model: not in it
+    return body, replace(again, tables=again.tables | {"model": model_table(cfg), "training": code}), head
 
 
 def _lost_lines(cfg: Config, to: str, body: str, again: Imported, step_of: StepOf | None) -> list[str]:

@@ -70,7 +70,8 @@ SETTINGS: dict[str, dict[str, str]] = {
                  # what ``export --to megatron`` writes for zero3: Megatron FSDP's flags (megatron_write)
                  "sharding zero3": " ".join(sharding_flags("zero3")),
                  "[mesh] sequence_parallel = true (--sequence-parallel)": "--sequence-parallel"},
-    "deepspeed": {"recompute full": "an activation_checkpointing section (deepspeed.checkpointing on every block)"},
+    "deepspeed": {"recompute full": "the HF Trainer's --gradient_checkpointing (import --gradient-checkpointing), or "
+                                    "deepspeed.checkpointing on every block in other model code"},
 }
 #: The axes a fix names beside their degree (``tp 4``, ``tp x2``): each format's degree key for them,
 #: torchtitan's without its ``parallelism.`` table (``tensor_parallel_degree 4``).

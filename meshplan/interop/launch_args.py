@@ -22,6 +22,7 @@ from meshplan.interop.foreign import export
 from meshplan.interop.megatron import USED
 from meshplan.interop.megatron_deepspeed import deepspeed_flags
 from meshplan.interop.megatron_carry import ALIASES, KEPT_UNLESS_WRITTEN, planned_off
+from meshplan.interop.shell_words import flag_value
 from meshplan.interop.source_file import carried_source
 
 
@@ -64,17 +65,6 @@ def megatron_program_args(cfg: Config, config: Path) -> tuple[tuple[str, ...], s
                    f"--to megatron -o - prints them alone")
 
 
-def _value(words: tuple[str, ...], flag: str) -> str | None:
-    """The value the last ``flag`` of ``words`` gives (``--flag value`` or ``--flag=value``), or None."""
-    found = None
-    for i, w in enumerate(words):
-        if w == flag and i + 1 < len(words):
-            found = words[i + 1]
-        elif w.startswith(flag + "="):
-            found = w.split("=", 1)[1]
-    return found
-
-
 def unplanned_flags(program: tuple[str, ...], appended: tuple[str, ...], off: frozenset[str] = frozenset()) -> list[str]:
     """The flags of ``program`` (in its order, once each) that meshplan reads as the plan's
     (:data:`meshplan.interop.megatron.USED`) but that the appended plan words ``appended`` do not
@@ -105,7 +95,7 @@ def unplanned_flags(program: tuple[str, ...], appended: tuple[str, ...], off: fr
         if not flag.startswith("--") or flag not in USED or (flag in KEPT_UNLESS_WRITTEN and flag not in off) \
                 or flag in out:
             continue
-        if flag in ALIASES and _value(appended, ALIASES[flag][0]) == ALIASES[flag][1]:
+        if flag in ALIASES and flag_value(appended, ALIASES[flag][0]) == ALIASES[flag][1]:
             continue
         if flag not in ALIASES and flag in written:
             continue

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from meshplan.errors import ConfigError
+from meshplan.interop.shell_words import flag_value
 from meshplan.spec.training_fields import DEEPSPEED_ZERO3
 
 #: The HF Trainer's batch arguments -> the DeepSpeed JSON key it fills from each.
@@ -39,17 +40,6 @@ def deepspeed_plan(t: Any) -> bool:
     (BF16_Optimizer too) or its PipelineEngine."""
     return ((t.sharding == "zero3" and t.zero3_engine in DEEPSPEED_ZERO3) or t.pp_engine == "deepspeed"
             or (t.sharding in ("zero1", "zero2") and t.zero12_engine == "deepspeed"))
-
-
-def _value(words: tuple[str, ...], flag: str) -> Optional[str]:
-    """The value the last ``flag`` of ``words`` gives (``--flag v`` or ``--flag=v``, not a following flag)."""
-    found = None
-    for i, w in enumerate(words):
-        if w == flag and i + 1 < len(words) and not words[i + 1].startswith("--"):
-            found = words[i + 1]
-        elif w.startswith(flag + "="):
-            found = w.split("=", 1)[1]
-    return found
 
 
 def plan_numbers(t: Any, micro_batches: int) -> dict[str, Any]:
@@ -79,10 +69,10 @@ def mismatches(program: tuple[str, ...], numbers: dict[str, Any], read_json=None
     out: list[str] = []
     notes: list[str] = []
     for flag, key in HF_BATCH.items():
-        v = _value(program, flag)
+        v = flag_value(program, flag, True)
         if v is not None and v != str(numbers[key]):
             out.append(f"{flag} {v}, the plan {numbers[key]}")
-    path = _value(program, "--deepspeed_config") or _value(program, "--deepspeed")
+    path = flag_value(program, "--deepspeed_config", True) or flag_value(program, "--deepspeed", True)
     if path is None or not path.endswith(".json"):
         return out, notes
     d: Optional[dict] = (read_json or _read)(path)

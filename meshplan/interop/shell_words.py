@@ -260,3 +260,20 @@ def expand(raw: str, env: dict[str, Value]) -> list[str]:
     if cur or has:
         fields.append(cur)
     return fields
+
+
+def flag_value(words: tuple[str, ...], flag: str, flag_ends: bool = False) -> str | None:
+    """The value the last ``flag`` of a command's ``words`` gives (``--flag value`` or
+    ``--flag=value``), or None; with ``flag_ends`` a following word that is itself a flag (``--x``)
+    is not its value (``--deepspeed`` as a switch before ``--deepspeed_config PATH``).
+
+    >>> flag_value(("--a", "1", "--a=2"), "--a"), flag_value(("--deepspeed", "--x"), "--deepspeed", True)
+    ('2', None)
+    """
+    found = None
+    for i, w in enumerate(words):
+        if w == flag and i + 1 < len(words) and not (flag_ends and words[i + 1].startswith("--")):
+            found = words[i + 1]
+        elif w.startswith(flag + "="):
+            found = w.split("=", 1)[1]
+    return found

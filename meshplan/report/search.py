@@ -295,8 +295,8 @@ _REFUSED = {
                 "first and last stage apart from an even split; search --export N --to megatron names the reason"}
 _DROPPED = {
     DEEPSPEED: {"training.recompute": "DeepSpeed's JSON does not choose activation checkpointing, the model code "
-                "does (the export header names the policy to apply; an activation_checkpointing section reads "
-                "back as full, no section as none)"},
+                "does (the export header names the policy to apply; full reads back with import "
+                "--gradient-checkpointing, the HF Trainer's --gradient_checkpointing, anything else as none)"},
     # Megatron-LM's one switch that keeps parameters gathered, --torch-fsdp2-no-reshard-after-forward
     # (megatron/training/arguments.py:3218 at d98e8a6), acts under --use-torch-fsdp2 only
     # (get_megatron_ddp_config, megatron/training/training.py:2627-2629), an engine meshplan neither

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from meshplan.comm import deepspeed, zeropp
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.fsdp_rows import REUSE_PART
+from meshplan.comm.deepspeed_ipg import IPG
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
 from meshplan.comm.ep_rows import DROPLESS_COUNTS, ETP_GATHER
@@ -336,14 +337,20 @@ def _shard_row(c: CommTimes, zp: dict, r, layers: int) -> None:
     """An FSDP/ZeRO-3 row ``r`` (kind "shard") into ``c``: DeepSpeed ZeRO-3 2021's per-parameter
     calls (:func:`_ds_shard_row`), a ``stage3_max_reuse_distance`` part (none: its seconds are a
     share of the unit's, :func:`~meshplan.schedule.rank_timeline.layer_gather`,
-    ``Overlap.fsdp_backward``), ZeRO++'s (:func:`_zeropp_row`), else its seconds per call and
-    copy-out (:func:`_keep_row`)."""
+    ``Overlap.fsdp_backward``), ZeRO++'s (:func:`_zeropp_row`), DeepSpeed ZeRO-3's reduce-scatters
+    per ipg bucket (:mod:`meshplan.comm.deepspeed_ipg`: their seconds summed per layer), else its
+    seconds per call and copy-out (:func:`_keep_row`)."""
     if DEEPSPEED_CADENCE in r.cadence:  # per-parameter calls: their sum per unit
         _ds_shard_row(c, r, layers)
     elif REUSE_PART in r.cadence:
         pass  # its seconds are a share of the unit's (rank_timeline.layer_gather, Overlap.fsdp_backward)
     elif zeropp.MARK in r.cadence:
         _zeropp_row(c, zp, r, layers)
+    elif IPG in r.cadence:  # DeepSpeed ZeRO-3's reduce-scatters per ipg bucket: their sum per layer
+        group = shard_group(r.cadence)
+        key = ("shard", group, r.phase, r.op)
+        c.t[key] = c.t.get(key, 0.0) + r.time_s * (r.per_microbatch or r.per_step) / (
+            max(layers, 1) if group == "layer" else 1)
     else:
         _keep_row(c, "shard", r)
 

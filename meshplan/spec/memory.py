@@ -89,7 +89,10 @@ class MemoryOptions(MemoryBuckets):
       ``training.zero12_engine = "deepspeed"`` it is ``reduce_bucket_size``, None there:
       DeepSpeed's 5e8 (:data:`DEEPSPEED_REDUCE_BUCKET_ELEMENTS`), for the all-reduces and
       the buffers alike (:mod:`meshplan.comm.deepspeed_zero12`, :meth:`grad_bucket_bytes`). FSDP
-      (zero3/hsdp) always reduces one unit (one layer) at a time (FSDP2).
+      (zero3/hsdp) always reduces one unit (one layer) at a time (FSDP2); DeepSpeed's ZeRO-3
+      (``zero3_engine = "deepspeed"``) reduce-scatters once per ipg bucket of it, None there
+      DeepSpeed's 5e8 (:mod:`meshplan.comm.deepspeed_ipg`: a Llama 3 70B layer at h^2 takes 8
+      calls, at 5e8 2), besides its ipg buffer in the memory timeline.
     - ``nccl_buffsize_bytes`` x ``nccl_channels`` x ``nccl_peers`` per communicator (one per
       mesh axis with collectives): ``NCCL_BUFFSIZE`` default 4 MiB (NCCL environment
       variables docs); 16 channels and 2 peers (ring: previous and next rank) are stated

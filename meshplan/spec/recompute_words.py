@@ -170,9 +170,11 @@ def deepspeed_recompute_fix(training) -> str:
     """Why a DeepSpeed JSON does not hold ``training.recompute`` and where it goes instead:
     DeepSpeed's JSON does not choose which blocks are checkpointed (the model code calls
     ``deepspeed.checkpointing.checkpoint``, or Megatron-DeepSpeed's ``--checkpoint-activations``
-    does); meshplan writes an ``activation_checkpointing`` section for ``full`` (read back as
-    full) and none otherwise (read back as ``none``: DeepSpeed without the section does not
-    checkpoint, :func:`meshplan.interop.deepspeed._recompute`). What ``export
+    does, or the HF Trainer's ``--gradient_checkpointing``); meshplan writes no
+    ``activation_checkpointing`` section (no key turns checkpointing on: the section only
+    configures ``deepspeed.checkpointing``'s calls), ``full`` read back with ``import
+    --gradient-checkpointing`` (:func:`meshplan.interop.deepspeed_auto.hf_recompute`), anything
+    else as ``none`` (:func:`meshplan.interop.deepspeed._recompute`). What ``export
     --to deepspeed`` appends to ``not expressed in deepspeed: training.recompute ...`` and
     ``meshplan search`` says of such rows.
 

@@ -243,13 +243,21 @@ class SearchOptions(BaseModel):
         ...                     restart_overhead_s=300).goodput_words("99.00% on every row"))
         goodput (Daly, printed, not ranked): 99.00% on every row; checkpoint write/read 100/100 GB/s, restart overhead 300 s ([search] fields)
         """
+        return f"goodput (Daly, printed, not ranked): {same + '; ' if same else ''}{self.goodput_inputs()}"
+
+    def goodput_inputs(self) -> str:
+        """The storage bandwidths and restart overhead the goodput reads, each default's source and
+        ``[search]`` field (what :meth:`goodput_words` prints after its head; step's ``--tokens`` line).
+
+        >>> SearchOptions(checkpoint_write_gb_per_s=100, checkpoint_read_gb_per_s=100, restart_overhead_s=300).goodput_inputs()
+        'checkpoint write/read 100/100 GB/s, restart overhead 300 s ([search] fields)'
+        """
         fields = {"write": "checkpoint_write_gb_per_s", "read": "checkpoint_read_gb_per_s",
                   "restart": "restart_overhead_s"}
         unset = {k: f for k, f in fields.items() if f not in self.model_fields_set}
         words = checkpoint_inputs_words(self.checkpoint_write_gb_per_s, self.checkpoint_read_gb_per_s,
                                         self.restart_overhead_s, unset, "[search] ")
-        return (f"goodput (Daly, printed, not ranked): {same + '; ' if same else ''}{words}"
-                + ("" if unset else " ([search] fields)"))
+        return words + ("" if unset else " ([search] fields)")
 
     @field_validator("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "micro_batch", "vpp",
                      "zero_hpz_partition_size")

@@ -127,8 +127,9 @@ class TrainingSpec(TrainingChecks):
     unless ``grad_dtype`` is given (DeepSpeed's ``data_types.grad_accum_dtype``). ``deepspeed``:
     DeepSpeed's ZeRO stage 3 since v0.5.5 (what a DeepSpeed stage 3 config imports to, and what a
     search under ``zero12_engine = "deepspeed"`` plans its zero3 rows with): FSDP2's per-layer
-    coalesced gathers and reduce-scatters (a module's parameters gathered as one flat buffer,
-    ``all_gather_coalesced``), gradients kept and reduced in the parameter dtype as above, and
+    coalesced gathers (a module's parameters gathered as one flat buffer, ``all_gather_coalesced``),
+    one coalesced reduce-scatter per ipg bucket of ``reduce_bucket_size`` gradients
+    (:mod:`meshplan.comm.deepspeed_ipg`), gradients kept and reduced in the parameter dtype as above, and
     none of FSDP2's copies on the compute stream: the split of the gathered buffer into the
     parameters runs on DeepSpeed's all-gather stream and the gradients' copy into the reduce
     bucket on its reduce stream, so they lengthen those collectives instead
