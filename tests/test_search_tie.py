@@ -233,7 +233,9 @@ def test_a_variant_is_exported_by_its_label_as_a_row(tmp_path, capsys):
     (zero2 5.7975, zero1 5.7612 s: no kernel runs beside their bucket all-reduces): zero3 micro-batch 1 5.7525 -> 6.0027 s, micro-batch 2
     5.7458 -> 5.8709 s (read from the model: the search's steps), both beyond 1% of the fastest, zero1's
     5.7612 s (5.8188 s); zero2 is row 1 by the tie rule (the config's own setting)
-    and zero1 its one variant, 1a. The test exports 1a where it exported 1b.)"""
+    and zero1 its one variant, 1a. The test exports 1a where it exported 1b. With nc52d's ZeRO-3
+    reduce-scatters per ipg bucket of 5e8 elements, fewer and larger, less time beside the compute:
+    micro-batch 2 5.8709 -> 5.8701 s, read from the model, still beyond the band.)"""
     from tests.cli_run import plan_file
     from meshplan.schedule.steptime import step_time
     job, doc, out = tmp_path / "one.toml", tmp_path / "s.json", tmp_path / "v1a.toml"
@@ -247,7 +249,7 @@ def test_a_variant_is_exported_by_its_label_as_a_row(tmp_path, capsys):
     v = d["top_variants"][0]
     assert round(v["step_s"], 4) == 5.7612 and round(d["top"][0]["step_s"], 4) == 5.7975
     zero3 = min(x["step_s"] for x in d["placed"] if x["sharding"] == "zero3" and x["feasible"])
-    assert round(zero3, 4) == 5.8709 and zero3 > 1.01 * v["step_s"]   # out of the 1% band
+    assert round(zero3, 4) == 5.8701 and zero3 > 1.01 * v["step_s"]   # out of the 1% band
     assert f"1a mb 1, none, vpp 1, zero1 ({v['step_s']:.3f} s, peak {v['peak_bytes'] / GiB:.2f} GiB)" in text
     assert f"wrote {out}" in text
     assert out.read_text().startswith(f"# meshplan export of search {job} variant 1a")
