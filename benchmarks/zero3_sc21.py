@@ -28,7 +28,7 @@ give 53.2 / 27.5 / 14.6 s (52.1 / 26.4 / 13.3 s before; their
 reduce-scatters overlapped and no copies on the compute stream, as framework megatron's Megatron
 FSDP runs them: its parameters are views of the all-gather's bucket and its weight-gradient GEMMs
 write into the reduce-scatter's, :mod:`meshplan.comm.fsdp2`; with FSDP2's copy-out and copy-in,
-14.9 ms per layer and micro-batch, 53.6 / 27.8 / 14.8 s). The step does not
+14.9 ms per layer and micro-batch, 53.6 / 27.8 / 14.8 s before nc52fixC, not re-run). The step does not
 halve from 768 to 1,536 GPUs: every micro-batch (one per step in all three runs: 1536 / (384 x 4))
 issues the same 1,061 all-gathers (96 layers x (4 + 7) + the root's 5), each paying NCCL's ring
 latency over the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views,
