@@ -142,6 +142,14 @@ train step was read against the timeline and found modelled or free in the publi
 (docs/fidelity.md: "Every torchtitan row is predicted fast"); T1's gap, 107 / 144 / 159 ms a step
 (eager / compile / compile+fp8), grows as the kernels get faster: not a per-step term.
 
+**NCCL's SMs on the network (nc52fixC).** The cross-node collectives hold their NCCL channels'
+SMs too (:func:`meshplan.schedule.row_shares.nccl_net_channels`, read in NVIDIA/nccl 5067397: two
+rings per NIC, 8 NICs a node, 16 of the 132 SMs; before, only NVLink collectives were charged):
+the multi-node rows' kernels run slower beside the FSDP collectives, T3 +9.2 / +11.7 / +14.9% ->
++8.2 / +10.4 / +13.6% (T3's 26.8 ms of SM contention a step), T4 +11.8% -> +11.2%, T5 1F1B
++25.5% -> +25.1%, the A70 and A8 rows 0.2-1.2 points lower; the single-node rows (T1, T2)
+unchanged; mean |error| 17.3% -> 16.7% (``--node dgx-h100`` 43.9% -> 43.0%).
+
 **Context parallelism (T2).** torchtitan 9dec370 runs torch's ``context_parallel``
 (``--experimental.context_parallel_rotate_method`` default ``"allgather"``; SDPA limited to the
 flash and efficient backends), whose ring attention calls SDPA once per K/V chunk and merges

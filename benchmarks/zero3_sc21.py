@@ -21,12 +21,14 @@ meshplan: ``meshplan step`` of benchmarks/zero3/*.toml (DeepSpeed ZeRO-3 of 2021
 the same configs under FSDP2's per-layer gathers (``zero3_engine = "fsdp2"``, the model before
 this engine). Nothing is fitted to these numbers.
 
-What the model gives (deepspeed-2021): 59.0 / 39.5 / 43.5 s against the published 81.6 / 66.7 /
-66.7 s (-28%, -41%, -35%); FSDP2's per-layer gathers give 52.1 / 26.4 / 13.3 s (their
+What the model gives (deepspeed-2021): 60.5 / 41.2 / 43.6 s against the published 81.6 / 66.7 /
+66.7 s (-26%, -38%, -35%; 59.0 / 39.5 / 43.5 s before nc52fixC charged the network collectives'
+NCCL channels their SMs, 16 rings of the A100's 108 over its 8 HDR NICs); FSDP2's per-layer gathers
+give 53.2 / 27.5 / 14.6 s (52.1 / 26.4 / 13.3 s before; their
 reduce-scatters overlapped and no copies on the compute stream, as framework megatron's Megatron
 FSDP runs them: its parameters are views of the all-gather's bucket and its weight-gradient GEMMs
 write into the reduce-scatter's, :mod:`meshplan.comm.fsdp2`; with FSDP2's copy-out and copy-in,
-14.9 ms per layer and micro-batch, 53.6 / 27.8 / 14.8 s). The step does not
+14.9 ms per layer and micro-batch, 53.6 / 27.8 / 14.8 s before nc52fixC, not re-run). The step does not
 halve from 768 to 1,536 GPUs: every micro-batch (one per step in all three runs: 1536 / (384 x 4))
 issues the same 1,061 all-gathers (96 layers x (4 + 7) + the root's 5), each paying NCCL's ring
 latency over the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views,

@@ -150,25 +150,30 @@ def test_zero2_variant_of_a_zero3_auto_file_drops_stage3_keys(tmp_path, capsys):
     ``overlap_comm`` true (as the HF Trainer's ZeRO-3 template sets it) the zero2 run is within 1% of
     the fastest step, a variant of row 1 on the line under the table, and ``--export`` takes its
     label (was: the private ``_write_export`` on a candidate of ``placed``). The exported file
-    re-plans to the step the search printed for that variant."""
+    re-plans to the step the search printed for that variant. (nc52fixC: DeepSpeed ZeRO-3's overlapped
+    gathers and reduce-scatters cross the 2 nodes and now hold 16 of the H100's 132 SMs beside the
+    compute, row_shares.nccl_net_channels: the zero3 run 6.00 s, more than 1% over the ZeRO-1/2 runs,
+    whose bucketed reductions run at the step's end beside no compute. The one row is now the zero2 run
+    at micro-batch 1, 5.772 s, first by the search's tie rule among the runs within 1% (zero1 5.760 s is its variant 1a),
+    so ``--export 1`` writes it: the same ZeRO-2 run of the ZeRO-3 file, the same keys dropped; as a
+    row its batch keys are written as numbers, each named.)"""
     from meshplan.cli import main
     from meshplan.schedule.steptime import step_time
     doc = HF | {"zero_optimization": HF["zero_optimization"] | {"overlap_comm": True}}
     path, out, js = _write(tmp_path, doc), tmp_path / "zero2.json", tmp_path / "s.json"
     with pytest.raises(SystemExit) as done:
-        main(["search", str(path), *CLI_OPTS, "--json", str(js), "--export", "1a", "--to", "deepspeed",
+        main(["search", str(path), *CLI_OPTS, "--json", str(js), "--export", "1", "--to", "deepspeed",
               "-o", str(out)])
     assert (done.value.code or 0) == 0
     text = " ".join(capsys.readouterr().out.split())
     s = json.loads(js.read_text())
-    assert [d["sharding"] for d in s["top"]] == ["zero3"]
-    zero2 = s["top_variants"][0]
-    assert (zero2["label"], zero2["sharding"], zero2["micro_batch"], zero2["mesh"]["dp"]) == ("1a", "zero2", 1, 16)
-    assert f"(rows are distinct meshes): 1a dp 16, mb 1, none, vpp 1, zero2 ({zero2['step_s']:.3f} s" in text
+    zero2 = s["top"][0]
+    assert [d["sharding"] for d in s["top"]] == ["zero2"] and (zero2["micro_batch"], zero2["mesh"]["dp"]) == (1, 16)
+    assert [(d["label"], d["sharding"]) for d in s["top_variants"]][:1] == [("1a", "zero1")]
     assert json.loads(out.read_text())["zero_optimization"] == {"stage": 2, "reduce_bucket_size": "auto",
                                                                 "overlap_comm": True}
     assert "not expressed" not in text
-    assert (f"written otherwise than search {path} variant 1a (the plan's value or spelling): "
+    assert (f"written otherwise than search {path} row 1 (the plan's value or spelling): "
             'train_batch_size "auto" -> 256') in text
     assert text.split(" wrote ")[0].endswith(
         'zero_optimization.stage 3 -> 2, zero_optimization.stage3_prefetch_bucket_size "auto" -> dropped, '
@@ -176,14 +181,14 @@ def test_zero2_variant_of_a_zero3_auto_file_drops_stage3_keys(tmp_path, capsys):
     again = load_any(out, opts=dataclasses.replace(OPTS, micro_batch=None, grad_accum=None))
     assert again.training.sharding == "zero2" and again.memory.grad_bucket_elements == H * H
     assert step_time(build_plan(again)).step_s == pytest.approx(zero2["step_s"], rel=1e-9)
-    # a format that cannot write the variant: one line, as for a row (torchtitan has no ZeRO-2)
+    # a format that cannot write the row: one line (torchtitan has no ZeRO-2)
     with pytest.raises(SystemExit) as done:
-        main(["search", str(path), *CLI_OPTS, "--export", "1a", "--to", "torchtitan", "-o", str(tmp_path / "t.toml")])
+        main(["search", str(path), *CLI_OPTS, "--export", "1", "--to", "torchtitan", "-o", str(tmp_path / "t.toml")])
     assert done.value.code == 2 and not (tmp_path / "t.toml").exists()
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: --export: 1a (row 1's mesh at another setting) cannot be written --to torchtitan: torchtitan shards "
-        "with FSDP2 (zero3, hsdp) or replicates (none); sharding zero2 has no torchtitan key; export 1a --to "
-        "megatron or deepspeed")  # megatron: Megatron-DeepSpeed's --deepspeed --zero-stage 2 keeps the engine (pp 1)
+        "error: --export: row 1 cannot be written --to torchtitan: torchtitan shards with FSDP2 (zero3, hsdp) or "
+        "replicates (none); sharding zero2 has no torchtitan key; none of the 1 rows shown exports --to torchtitan, "
+        "or export row 1 --to megatron or deepspeed")
 
 
 def test_export_past_the_one_mesh_says_why_and_what_to_do(tmp_path, capsys):

@@ -111,7 +111,15 @@ def test_expert_gathers_are_prefetched_beside_the_layers(plan):
     both at half, the reduce-scatter takes 2 x 0.8828 r = 2.5396 ms, the gather does 0.8828 r / 0.9395 =
     1.3516 ms meanwhile and the 0.1657 left alone: it ends at 4.2988 + 2.5396 + 0.1657 = 7.0041 ms, exposed
     2.7052 ms after the head (1.5173 before: the head's reduce-scatter then took its fair half without
-    slowing the gather)."""
+    slowing the gather). (nc52fixC: both gathers cross nodes and hold NCCL's network rings while they
+    run, 2 x 8 NICs = 16 of the H100's 132 SMs each, s = 16/132 (row_shares.nccl_net_channels), and both
+    are issued before the head's backward, which runs at 1 - 2s while both run (the dense one's 0.4077
+    ms), then at 1 - s beside the experts' gather: its 4.2988 ms of kernels and copy-in end at 0.4077 +
+    (4.2988 - 0.4077 x (1 - 2s)) / (1 - s) = 4.9479 ms, the gather still running (0.2170 + 4.9479 -
+    0.4077 = 4.7572 of its 5.6254 ms done, 0.8681 left, unrounded); the head's reduce-scatter, issued
+    then, shares the NIC at half each as above, but the gather's 0.8681 ms are now fewer than the 1.3516
+    ms it would do beside the whole reduce-scatter: it ends first, after 0.8681 / (0.5 / 0.9395) =
+    1.6311 ms, exposed after the head (2.7052 before).)"""
     from meshplan.schedule.comm_times import nic_share
     from meshplan.schedule.backward_pass import backward_unit
     from meshplan.schedule.rank_timeline import forward_unit
@@ -136,16 +144,21 @@ def test_expert_gathers_are_prefetched_beside_the_layers(plan):
         head = 0.0
         if phase == "backward":  # the compute before the last layer's: the head's backward, its copy-in
             head = max(e.end_s for e in unit.events if e.stream == "compute" and e.end_s <= starts[0])
-            assert head == pytest.approx(chunk.head.seconds("backward_input") + chunk.head.seconds("backward_weight")
-                                         + comm.copies[("root_head", "reduce-scatter")])
+            own = chunk.head.seconds("backward_input") + chunk.head.seconds("backward_weight") \
+                + comm.copies[("root_head", "reduce-scatter")]
+            s, t1 = 16 / 132, dense.time_s * 2 * nic_share(dense)   # beside two rings for t1, then one
+            assert round(own * 1e3, 4) == 4.2988 and round(t1 * 1e3, 4) == 0.4077
+            assert head == pytest.approx(t1 + (own - t1 * (1 - 2 * s)) / (1 - s)) and round(head * 1e3, 4) == 4.9479
         want = ag.time_s + shared - head
         if phase == "backward":  # the head's reduce-scatter from the head's end (docstring)
             key = ("shard", "root_head", "backward", "reduce-scatter")
             r, g_h, g_e = comm.t[key], comm.nic[key], nic_share(ag)
             t1 = dense.time_s * 2 * nic_share(dense)
             left = ag.time_s - t1 * 0.5 / g_e - (head - t1)
-            assert (round(r * 1e3, 4), round(g_h, 4), round(left * 1e3, 4)) == (1.4384, 0.8828, 1.5173)
-            want = 2 * r * g_h + left - r * g_h / g_e  # 2.7052 ms
+            assert (round(r * 1e3, 4), round(g_h, 4), round(left * 1e3, 4)) == (1.4384, 0.8828, 0.8681)
+            assert left < r * g_h / g_e      # nc52fixC: the gather ends first, both at half the NIC
+            want = left / (0.5 / g_e)        # 1.6311 ms (2 r g_h + left - r g_h / g_e = 2.7052 ms before)
+            assert round(want * 1e3, 4) == 1.6311
         assert unit.exposed_s["efsdp"] == pytest.approx(want), phase
 
 

@@ -42,11 +42,13 @@ def _plan(tmp_path, name, nodes=2, dp=8, sharding="zero3", framework="megatron")
 
 
 def test_the_sc21_figures_are_the_benchmarks():
-    """FIDELITY's ZeRO-3 row is benchmarks/zero3_sc21.py's deepspeed-2021 column (run 2026-12-06 on this
-    tree): errors -27.7%, -40.8%, -34.8%, so mean |error| (27.7 + 40.8 + 34.8) / 3 = 34.43% -> 34.4%,
-    from 27.7% (-28%) to 40.8% (-41%), every one short; docs/fidelity.md states -28%, -41%, -35%."""
+    """FIDELITY's ZeRO-3 row is benchmarks/zero3_sc21.py's deepspeed-2021 column (run 2026-12-07 on this
+    tree): errors -25.8%, -38.2%, -34.6%, so mean |error| (25.8 + 38.2 + 34.6) / 3 = 32.87% -> 32.9%,
+    from 25.8% (-26%) to 38.2% (-38%), every one short; docs/fidelity.md states -26%, -38%, -35%.
+    (-27.7%, -40.8%, -34.8%, 34.4%, before nc52fixC charged the network collectives' NCCL channels
+    their SMs: 16 rings of the A100's 108 over its 8 HDR NICs slow the compute they overlap.)"""
     assert FIDELITY[3] is ZERO3_SC21 and ZERO3_SC21.source == "benchmarks/zero3_sc21.py"
-    assert ZERO3_SC21.text() == "mean |error| 34.4%, -28% to -41%"
+    assert ZERO3_SC21.text() == "mean |error| 32.9%, -26% to -38%"
     assert ZERO3_SC21.mean_abs_error > accuracy.DEVELOPMENT.max_abs_error
 
 
@@ -88,7 +90,7 @@ def test_search_and_compare_print_the_setting_line(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert ("warning: a lies where meshplan's step error was measured larger than on the development set "
             "(mean |error| 1.8%, max 2.9%): ZeRO-3 sharded across nodes as on the SC'21 ZeRO-3 runs (DeepSpeed "
-            "ZeRO-3 GPT-3 175B on 384-1,536 A100 (SC'21)): mean |error| 34.4%, -28% to -41%, the step predicted "
+            "ZeRO-3 GPT-3 175B on 384-1,536 A100 (SC'21)): mean |error| 32.9%, -26% to -38%, the step predicted "
             "short (benchmarks/zero3_sc21.py; docs/fidelity.md); measure before choosing") in out
     assert "warning: b lies" in out and "framework megatron on H200, whose runs there were not measured" in out
     assert out.count("ZeRO-3 sharded across nodes") == 1

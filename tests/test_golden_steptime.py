@@ -487,7 +487,22 @@ def test_fsdp16_two_nodes():
     reduce-scatters 0.8255); two demands over 1/2 get 1/2 each, each running at 0.5 / demand of its
     speed while both run. One reduce-scatter in flight (lines 639-658): each copy-in waits for the
     reduce-scatter before. The step 4.2028 -> 4.2359 ms: the backward's end 2.6430 ms from its
-    start.)"""
+    start.) (nc52fixC: the cross-node all-gathers and reduce-scatters hold NCCL's network channels
+    while they run, one thread block each (row_shares.nccl_net_channels, NVIDIA/nccl @5067397
+    search.cc:827, connect.cc:457/475-478): DGX H100's 8 NICs, 2 x 8 = 16 rings, of the H100's 132
+    SMs, s = 16/132 = 0.1212 each; a kernel runs at 1 - (the shares of the running collectives issued
+    before it) (unit_events._rates), so it takes its seconds plus s x (the time one ring overlaps it),
+    or 2s where two run. Forward: each layer beside the next all-gather (issued before it, shorter than
+    it): layer_f + s x ag (0.0158 ms) and layer_f + s x ag_head (0.0260 ms); the copy-outs and the head
+    run with no ring issued before them. Backward: the head's gradient beside layer 1's all-gather
+    (+ s x ag); layer 1's copy-out beside the head's reduce-scatter (co / (1 - s)); layer 1's backward
+    at 1 - 2s until layer 0's all-gather ends, at 1 - s until the head's reduce-scatter ends, then
+    alone; layer 0's copy-out beside layer 1's reduce-scatter; layer 0's backward at 1 - 2s until that
+    reduce-scatter ends, 1 - s until the embedding's all-gather ends; the embedding's gradient and
+    copy-out beside layer 0's reduce-scatter, / (1 - s); the copy-ins find no ring running. The
+    collectives keep their times (the NIC shares do not see the SMs), later where the compute is.
+    The step 4.2359 -> 4.4267 ms (forward 1.5081 -> 1.5499, backward 2.6430 -> 2.7920 ms; SM
+    contention 0.2135 ms, the F unit 0.0418, the B unit 0.1717).)"""
     n = 16
     lt, ht = layer_terms(1), head_terms(1)
     n_layer = layer_params(1)
@@ -505,8 +520,10 @@ def test_fsdp16_two_nodes():
     ci, ci_emb, ci_head = (kernel((B + 4) * x / TRIAD) for x in (n_layer, n_emb, n_head))
     layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post"))
     layer_b = sum(lt[k] for k in lt if k[0] in "bw")           # no TP: B then W of each block
-    forward = ag_emb + ht["emb_f"] + co_emb + ag + co + max(layer_f, ag) + co + max(layer_f, ag_head) \
+    s = 16 / 132        # SMs one cross-node ring collective holds: 2 x 8 NICs channels of the H100's 132
+    forward = ag_emb + ht["emb_f"] + co_emb + ag + co + (layer_f + s * ag) + co + (layer_f + s * ag_head) \
         + co_head + ht["head_f"]
+    assert layer_f > ag_head * (1 - s) and ag_head > ag   # each layer outlasts the ring beside it
     # backward, from its start; FSDP2's reduce-scatters on their own stream beside the all-gathers
     def demand(size, t):  # the share of its NIC a collective holds alone: its NIC bytes at the line rate over t
         return (n - 1) / n * size / 8 / NIC / t
@@ -514,23 +531,31 @@ def test_fsdp16_two_nodes():
                                        demand(4 * n_head, rs_head))
     assert [round(x, 4) for x in (d_ag, d_rs, d_ag_emb, d_rs_head)] == [0.6022, 0.7347, 0.7347, 0.8255]
     head_b = ht["head_b"] + ht["head_w"]
-    rs_head_start = head_b + ci_head                       # not behind layer 1's all-gather: another stream
-    l1_co = max(head_b + ci_head, ag) + co                 # layer 1's copy-out
+    head_b_end = head_b + s * ag                           # the head's gradient beside layer 1's all-gather
+    assert head_b_end > ag
+    rs_head_start = head_b_end + ci_head                   # not behind layer 1's all-gather: another stream
+    l1_co = rs_head_start + co / (1 - s)                   # layer 1's copy-out, beside the head's reduce-scatter
     # layer 0's all-gather from l1_co beside the head's reduce-scatter: 1/2 of the NIC each
     ag0_end = l1_co + ag / (0.5 / d_ag)
     rs_head_end = ag0_end + rs_head - (l1_co - rs_head_start) - (ag0_end - l1_co) * 0.5 / d_rs_head
     assert rs_head_start < l1_co < ag0_end < rs_head_end   # the all-gather ends first, then the rest alone
-    l1_end = l1_co + layer_b
+    # layer 1's backward: 1 - 2s beside both rings, 1 - s beside the reduce-scatter, then alone
+    done = (ag0_end - l1_co) * (1 - 2 * s) + (rs_head_end - ag0_end) * (1 - s)
+    assert done < layer_b
+    l1_end = rs_head_end + layer_b - done
     rs1_start = max(l1_end, rs_head_end) + ci              # layer 1's copy-in waits for the head's reduce-scatter
-    l0_co = max(rs1_start, ag0_end) + co                   # after layer 1's copy-in
+    l0_co = max(rs1_start, ag0_end) + co / (1 - s)         # after layer 1's copy-in, beside its reduce-scatter
     # the embedding's all-gather from l0_co beside layer 1's reduce-scatter, equal demands: 1/2 each
     rs1_end = l0_co + (rs - (l0_co - rs1_start)) / (0.5 / d_rs)
     ag_emb_end = rs1_end + ag_emb - (rs1_end - l0_co) * 0.5 / d_ag_emb
     assert rs1_start < l0_co < rs1_end < ag_emb_end
-    l0_end = l0_co + layer_b
+    done = (rs1_end - l0_co) * (1 - 2 * s) + (ag_emb_end - rs1_end) * (1 - s)
+    assert done < layer_b
+    l0_end = ag_emb_end + layer_b - done
     rs0_end = max(l0_end, rs1_end) + ci + rs               # alone: the embedding's all-gather ended
     assert ag_emb_end < rs0_end - rs
-    emb_end = max(l0_end + ci, ag_emb_end) + ht["emb_w"] + co_emb
+    emb_end = max(l0_end + ci, ag_emb_end) + (ht["emb_w"] + co_emb) / (1 - s)   # beside layer 0's reduce-scatter
+    assert emb_end < rs0_end
     rs_emb_end = max(rs0_end, emb_end) + ci_emb + rs_emb   # its copy-in waits for layer 0's reduce-scatter
     params = (L * n_layer + n_emb + n_head) / n            # every kind sharded 16 ways (exact: 6,291,776)
     # torchtitan's fp32 parameters (the torch default), updated in place: no master copy
@@ -545,7 +570,8 @@ def test_fsdp16_two_nodes():
                ("fsdp AG L0", l1_co, ag0_end), ("fsdp RS L1", rs1_start, rs1_end),
                ("fsdp AG root_embed", l0_co, ag_emb_end), ("fsdp RS L0", rs0_end - rs, rs0_end),
                ("fsdp RS root_embed", rs_emb_end - rs_emb, rs_emb_end)]
-    assert round(step * 1e3, 4) == 4.2359
+    assert round(step * 1e3, 4) == 4.4267   # 4.2359 before nc52fixC's network SM shares
+    assert round(st.contention_s() * 1e3, 4) == 0.2135
     assert [x[0] for x in fsdp] == [x[0] for x in by_hand]
     assert [t for x in fsdp for t in x[1:]] == pytest.approx([t for x in by_hand for t in x[1:]], rel=1e-9, abs=1e-12)
 

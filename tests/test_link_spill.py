@@ -60,14 +60,22 @@ def test_window_is_the_stage_compute_without_the_optimizer(trial):
     which runs after the units; 65.9 GB per NIC at 50 GB/s (400 Gb/s ConnectX-7) is 1.318 s. (nicshare:
     1105.12 -> 1105.09 ms, the window 1097.69 -> 1097.67 ms: under FSDP2's reduce-scatter stream the
     backward unit is 14.805 ms shorter, 14.784 ms of it exposed fsdp (test_step_tp_hint's
-    test_eager_config_gets_torch_compile_with_async_tp), the other 0.021 ms its kernels' SM contention.)"""
+    test_eager_config_gets_torch_compile_with_async_tp), the other 0.021 ms its kernels' SM contention.)
+    (nc52fixC: fsdp's all-gathers and reduce-scatters cross nodes and now hold 16 of the H100's 132 SMs
+    while they run, NCCL's 2 rings per NIC (row_shares.nccl_net_channels; NVIDIA/nccl connect.cc:457), where
+    they held none: the compute they overlap slows by 197.96 ms of SM contention: compute 1105.09 -> 1302.22 ms, the window 1097.67 -> 1294.79 ms, the optimizer
+    step's 7.425 ms and the NIC's 1.318 s unchanged.) (Merged with es50, whose replayed closing tp
+    reduce-scatters run on the compute stream but count as exposed tp, not compute (the window 1097.67 ms
+    unchanged on int): the fsdp collectives beside the 80 replays (27.26 ms) overlap less kernel time, so
+    the contention 197.96 -> 191.36 ms (read from the model, test_step_tp_hint): compute 1302.22 - 6.61 =
+    1295.61 ms, the window 1295.61 - 7.425 = 1288.18 ms.)"""
     plan, st = trial
     opt = sum(e.dur_s for e in st.post_events if e.stage == 0 and e.stream == "compute")
     loads = edge_loads(plan, st)
     nics = [e for e in loads if "NIC" in e.edge]
     assert len(nics) == 8 and not any(e.fits for e in nics)
     assert nics[0].interval_s == pytest.approx(st.parts_s()["compute"] - opt, rel=1e-9)
-    assert round(nics[0].interval_s * 1e3, 2) == 1097.67 and round(opt * 1e3, 3) == 7.425
+    assert round(nics[0].interval_s * 1e3, 2) == 1288.18 and round(opt * 1e3, 3) == 7.425
     assert round(nics[0].busy_s, 3) == 1.318 and nics[0].capacity_bytes_per_s == 50e9
 
 
@@ -82,15 +90,20 @@ def test_spill_is_the_fsdp_time_beside_no_compute(trial):
     31.33 ms (the backward unit's exposed fsdp 25.341 -> 10.557 ms and its tail past it 18.448 ->
     10.504 ms: 54.05 - 14.784 - 7.944, test_step_tp_hint's derivation) and 279.13 -> 278.09 ms
     hidden while the compute waits for tp, to within one tp collective and two norm-grad all-reduces.)
+    (nc52fixC: fsdp's all-gathers and reduce-scatters cross nodes and now hold 16 of the H100's 132 SMs
+    while they run, NCCL's 2 rings per NIC (row_shares.nccl_net_channels; NVIDIA/nccl connect.cc:457), where
+    they held none: on the branch without es50 the compute they overlap slowed by 197.96 ms of SM
+    contention, so the same 1365.60 ms of fsdp lay more beside compute: 309.42 -> 274.16 ms beside none,
+    exposed 31.33 -> 27.90 ms, hidden while the compute waits for tp 278.09 -> 246.25 ms.)
     (es50, torchtitan's full AC replays each layer's closing tp reduce-scatter, 0.34073 ms, in backward:
-    fsdp's merged events unchanged at 1365.60 ms; the exposed 31.33 -> 30.65 ms = 31.33 - 2 x 0.34073, the
-    two replays that fall in a copy-in's wait for the reduce-scatter before it (traced with the unit's
-    events: L79's, whose copy-in waits for the head's reduce-scatter and starts where it did, 415.356 ms,
-    and L0's, whose copy-in waits for L1's reduce-scatter: 1410.420 -> 1436.997 ms, 78 x 0.34073 later
-    after 80 replays); 309.42 -> 310.46 ms beside no compute
-    and 278.09 -> 279.81 ms hidden (310.46 - 30.65) are the sweep's, traced not derived: each of the 80
-    replayed reduce-scatters runs beside fsdp (27.26 ms of fsdp in them), and the fsdp stream's other
-    compute-free time moves by nearly as much the other way.)"""
+    fsdp's merged events unchanged at 1365.60 ms; on int without nc52fixC the exposed 31.33 -> 30.65 ms
+    (two replays in a copy-in's wait for the reduce-scatter before it), 309.42 -> 310.46 ms beside no
+    compute and 278.09 -> 279.81 ms hidden, the sweep's, traced not derived.)
+    (Both, the merge: read from the model, not derived by hand: 301.41 ms beside no compute, of which
+    27.90 ms exposed (the branch's: the compute slowed by contention covers the two FSDP waits the
+    replays fell in) and 273.51 ms hidden while the compute waits for tp; the 80 replayed reduce-scatters
+    add 80 x 0.34073 = 27.26 ms of compute-stream waits beside fsdp, 274.16 + 27.26 = 301.42, within the
+    sweep's last bits of the 301.41 ms it reports.)"""
     plan, st = trial
     assert network_streams(plan) == ("fsdp",)
     s = network_spill(plan, st)
@@ -99,10 +112,11 @@ def test_spill_is_the_fsdp_time_beside_no_compute(trial):
     assert s.spill_s == pytest.approx(_minus(fsdp, compute), rel=1e-9)
     assert s.exposed_s == st.exposed_s["fsdp"]
     assert s.window_s == edge_loads(plan, st)[1].interval_s
-    assert [round(x * 1e3, 2) for x in (s.busy_s, s.spill_s, s.hidden_elsewhere_s)] == [1365.60, 310.46, 279.81]
+    assert [round(x * 1e3, 2) for x in (s.busy_s, s.spill_s, s.hidden_elsewhere_s)] == [1365.60, 301.41, 273.51]
     rs = next(r.time_s for r in plan.stage(0).collectives if (r.axis, r.phase, r.op) == ("tp", "backward", "reduce-scatter"))
-    assert st.shown_ms()["exposed fsdp"] == "30.65" and round(54.05 - 14.784 - 7.944, 1) == 31.3
-    assert round(31.33e-3 - 2 * rs, 5) == round(st.exposed_s["fsdp"], 5)
+    assert st.shown_ms()["exposed fsdp"] == "27.90"
+    assert round(s.spill_s * 1e3 - 27.90, 2) == pytest.approx(273.51, abs=0.01)  # the spill less the exposed
+    assert s.spill_s * 1e3 == pytest.approx(274.16 + 80 * rs * 1e3, abs=0.02)  # the branch's spill + the replays
     # and, since the reduce-scatters run on their own stream, the two gaps where the compute waits for a
     # tp norm-grad all-reduce (0.0595 ms) beside a reduce-scatter (L79's beside the head's, L0's beside
     # L1's), counted fsdp (the later): 0.3407 + 2 x 0.0595 = 0.4597 ms
@@ -115,22 +129,25 @@ def test_line_names_the_window_and_async_tp(trial):
     (227.86 ms, step 1436.69 ms, before FSDP2's reduce-scatters ran beside the all-gathers: its backward
     unit 1040.068 -> 1020.228 ms, exposed fsdp 164.752 -> 145.777 ms and SM contention 0.865 -> 0 ms,
     its tail 18.448 -> 10.504 ms: 227.86 - 18.975 - 7.944 = 200.94 ms, 1436.69 - 19.840 - 7.944 =
-    1408.91 ms; the plain step 1460.14 -> 1437.39 ms as test_step_tp_hint derives it). es50: the plain
-    step 1437.39 -> 1463.97 ms (+ 78 x 0.34073 ms replayed closing tp reduce-scatters, test_step_tp_hint's
-    derivation), its spill figures test_spill_is_the_fsdp_time_beside_no_compute's; the compiled re-plan
-    unchanged (its partitioner drops the closing collective from the replay)."""
+    1408.91 ms; the plain step 1460.14 -> 1437.39 ms as test_step_tp_hint derives it).
+    (nc52fixC: fsdp's all-gathers and reduce-scatters cross nodes and now hold 16 of the H100's 132 SMs
+    while they run, NCCL's 2 rings per NIC (row_shares.nccl_net_channels; NVIDIA/nccl connect.cc:457), where
+    they held none; es50: the eager step's replayed closing tp reduce-scatters. Both: the plain step
+    1437.39 -> 1652.08 ms and its exposed fsdp 31.33 -> 27.90 ms as test_step_tp_hint derives them;
+    async TP's (compiled: no replayed collective, so the branch's figures) step 1408.90 -> 1475.23 ms,
+    its exposed fsdp 200.94 -> 29.93 ms (its compute, slowed by 237.34 ms of contention, now hides the
+    gathers the shorter one left exposed); the window's compute 1097.67 -> 1288.18 ms, the model's sweep.)"""
     plan, st = trial
     line = spill_line(plan, st, network_spill(plan, st), step_time)
     t = plan.config.training.model_copy(update={"tp_comm_overlap": True, "torch_compile": True})
     on = step_time(build_plan(replace(plan.config, training=t)))
-    assert on.shown_ms()["exposed fsdp"] == "200.94" and on.shown_ms()["step"] == "1408.90"
-    assert (round(227.86 - 18.975 - 7.944, 2), round(1436.69 - 19.840 - 7.944, 1)) == (200.94, 1408.9)
+    assert on.shown_ms()["exposed fsdp"] == "29.93" and on.shown_ms()["step"] == "1475.23"
     assert line == ("where the NICs' traffic goes: on stage 0's timeline fsdp runs 1365.60 ms (its collectives' "
-                    "modelled times) against the window's 1097.67 ms of compute; 310.46 ms of it while no compute "
-                    "runs, of which 30.65 ms exposed (the parts line's exposed fsdp) and the other 279.81 ms while "
+                    "modelled times) against the window's 1288.18 ms of compute; 301.41 ms of it while no compute "
+                    "runs, of which 27.90 ms exposed (the parts line's exposed fsdp) and the other 273.51 ms while "
                     "the compute stream waits for tp (exposed tp), hidden there; with async TP "
                     "(training.tp_comm_overlap = true, training.torch_compile = true) tp no longer hides it: "
-                    "exposed fsdp 30.65 -> 200.94 ms, step 1463.97 -> 1408.90 ms")
+                    "exposed fsdp 27.90 -> 29.93 ms, step 1652.08 -> 1475.23 ms")
     assert "with async TP" not in spill_line(plan, st, network_spill(plan, st))  # no re-plan without step_fn
 
 
@@ -138,13 +155,14 @@ def test_step_prints_it_only_where_a_nic_does_not_fit(capsys):
     """Under the NIC lines of the trial; not for one node (examples/torchtitan_llama3-8b_8xh100.toml
     has no NIC traffic), whose window is still named in the header. (nicshare: the step 1.460 -> 1.437 s,
     FSDP2's reduce-scatters on their own stream, test_step_tp_hint.test_eager_config_gets_torch_compile_with_async_tp
-    derives it: -22.75 ms; es50: 1.437 -> 1.464 s, + 78 x 0.34073 ms of replayed closing tp reduce-scatters,
-    the same test's derivation; the window, compute only, unchanged. nc54 #12: a capacities line under the
-    header, so the spill line is the 11th below it: capacities, 1 NVLink and 8 NIC rows, then it.)"""
+    derives it: -22.75 ms; es50: + 78 x 0.34073 ms of replayed closing tp reduce-scatters; nc52fixC: fsdp's
+    network rings hold 16 of 132 SMs; both, as test_step_tp_hint derives them: 1.437 -> 1.652 s, the
+    window 1.098 -> 1.288 s. nc54 #12: a capacities line under the header, so the spill line is the 11th
+    below it: capacities, 1 NVLink and 8 NIC rows, then it.)"""
     assert run_main("step", TRIAL) == 0
     out = capsys.readouterr().out.splitlines()
     head = next(i for i, x in enumerate(out) if x.startswith("edge load per step"))
-    assert ("stage 0's compute time, its forward, backward and recompute kernels (1.098 s of the 1.464 s step"
+    assert ("stage 0's compute time, its forward, backward and recompute kernels (1.288 s of the 1.652 s step"
             in out[head])
     assert out[head + 1].startswith("  capacities: ")
     assert out[head + 11].startswith("  where the NICs' traffic goes: ") and len(out) == head + 12

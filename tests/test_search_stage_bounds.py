@@ -145,7 +145,11 @@ def test_405b_interleaved_bounds_within_1_5_percent_of_the_step():
     first candidate's HSDP all-reduces and cp transfers beside the FSDP all-gathers, 10.692 s against
     10.489 s of bound when the later one ran only on what the earlier left): the tightness is checked
     against the step without it (Overlap.nic_sharing),
-    the bound against the step with it."""
+    the bound against the step with it. Likewise the SM contention of NCCL's channels (nc52fixC: a
+    network collective's 16 of the H100's 132 SMs too, row_shares.nccl_net_channels), which slows the
+    compute beside the collectives and only adds time: the tightness is checked against the unshared
+    step less its contention (the first candidate's bound 10.538 s against 10.702 s with it, 1.5%
+    below), the bound against the whole step."""
     cfg = load_config(EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", require_mesh=False)
     c = enumerate_candidates(cfg)
     base = dict(tp=8, mb=1, vpp=2, rf=0, us=1, sh=SHARDING.index("hsdp"))
@@ -163,8 +167,10 @@ def test_405b_interleaved_bounds_within_1_5_percent_of_the_step():
         cc = candidate_config(cfg, c, int(i))
         plan = build_plan(cc, cons.Constraints((), cons.usable_bytes(cc.cluster, cc.training)), memory=False,
                           reports=False)
-        exact, unshared = step_time(plan, Overlap()).step_s, step_time(plan, Overlap(nic_sharing=False)).step_s
-        assert 0.985 * unshared <= est.step_lo[i] <= unshared <= exact, (c.label(int(i)), est.step_lo[i], exact)
+        free = step_time(plan, Overlap(nic_sharing=False))
+        exact, unshared = step_time(plan, Overlap()).step_s, free.step_s
+        assert 0.985 * (unshared - free.contention_s()) <= est.step_lo[i] <= unshared <= exact, (
+            c.label(int(i)), est.step_lo[i], exact)
 
 
 def test_bounds_never_exceed_the_step_with_the_host_pace():

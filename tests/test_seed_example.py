@@ -174,9 +174,12 @@ def test_step_cli_prints_verdict(capsys):
     out = out.splitlines()
     i = next(k for k, line in enumerate(out) if line.startswith("verdict: network-bound"))
     t = next(k for k, line in enumerate(out) if line.startswith("tokens/s"))
-    # the summary, torchtitan's MFU formula (framework torch: ttmfu), its notes, the kernel data's line, the verdict
+    # the summary, torchtitan's MFU formula (framework torch: ttmfu), its notes, the kernel data's line, the verdict;
+    # since nc52fixC the SM contention line too: the seed's FSDP rings cross its 8 nodes and hold NCCL's network
+    # channels (row_shares.nccl_net_channels: 2 NICs a node, 2 x 2 x 2 = 8 of the H100's 132 SMs, 6%)
     assert out[t + 1].startswith("torchtitan's MFU formula: ")
-    assert t < i and all(line.startswith(("note: ", "kernels: ")) for line in out[t + 2:i])
+    assert t < i and all(line.startswith(("note: ", "kernels: ", "SM contention: ")) for line in out[t + 2:i])
+    assert any(line.startswith("SM contention: ") and "hold up to 6% of the SMs" in line for line in out[t + 2:i])
     assert out[i + 1].startswith("cause: FSDP re-gathers per micro-batch")
 
 

@@ -56,11 +56,13 @@ def test_bubble_line_names_the_stage_of_each_figure():
     waited, 11 since, 6.503584619329027 s against 6.503584619329026 s on stage 14; 1 since es50's
     replayed closing tp reduce-scatters: torchtitan's full AC runs early_stop=False, each of a middle
     stage's 8 layers replays its 256 MiB reduce-scatter, 0.65957 ms, in each of 16 micro-batches: + 8 x 16
-    x 0.65957 ms = 84.43 ms, 6.50358 -> 6.58801 s, stages 1-9 now equal to the last bit, the first wins.)"""
+    x 0.65957 ms = 84.43 ms, 6.50358 -> 6.58801 s; 10 since nc52fixC's network SM contention, 16 of 132
+    SMs under the cross-node FSDP and pp collectives, which moved those last bits again (stage 10's
+    6.5880101010283445 s against 6.588010101028344 s on stages 2 and 6, read from the model).)"""
     plan = build_plan(load_config(EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml"))
     st = step_time(plan)
     res = st.pipeline
-    assert (res.busiest_stage, st.critical_stage) == (1, 0)  # the case: they differ
+    assert (res.busiest_stage, st.critical_stage) == (10, 0)  # the case: they differ
     rs = next(r for r in plan.stage(1).collectives if r.axis == "tp" and (r.phase, r.op) == ("backward", "reduce-scatter"))
     assert round(rs.time_s * 1e3, 5) == 0.65957 and len(plan.stage(1).layers) == 8
     assert round(float(res.busy_s[1]) - 8 * 16 * rs.time_s, 9) == round(6.503584619329027, 9)
@@ -69,7 +71,7 @@ def test_bubble_line_names_the_stage_of_each_figure():
     parts = next(x for x in lines if x.startswith("step on stage"))
     busy = float(res.busy_s[res.busiest_stage])
     assert bubble.startswith(f"bubble {(res.step_s - busy) / busy:.4f} as idle/ideal, "
-                             f"{(res.step_s - busy) / res.step_s:.4f} as idle/total (the schedule's bubble fraction, on the busiest stage 1,")
+                             f"{(res.step_s - busy) / res.step_s:.4f} as idle/total (the schedule's bubble fraction, on the busiest stage 10,")
     assert parts.startswith("step on stage 0 = ")
     bubble_ms = _numbers(parts.split(" = ", 1)[1])["bubble"]
     assert abs(float(bubble_ms) - st.parts_s()["bubble"] * 1e3) <= 0.01

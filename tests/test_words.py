@@ -79,15 +79,19 @@ def test_overlap_tp_that_saves_nothing_names_the_stream_the_step_waits_on():
     test_same_mesh_other_recompute_is_weighed_as_the_knob; the ideal overlap's exposed fsdp 272012.83 ->
     265361.45 ms by the same 6651.38 ms (to the printed 0.01). Exposed tp is the same to 1e-9 ms (14028.3139 blocking): its
     printed 0.01 ms moves with the parts line's rounding to the step's total, largest remainder,
-    StepTime.shown_ms, as the other parts' remainders moved.)"""
+    StepTime.shown_ms, as the other parts' remainders moved.) (nc52fixC: the FSDP all-gathers and
+    reduce-scatters cross the 8 nodes and now hold 16 of the H100's 132 SMs while they run,
+    row_shares.nccl_net_channels: 6099.58 ms of SM contention, compute 55805.95 -> 61905.53 ms, the
+    step 324728.40 -> 324731.95 ms (test_compare's seed pair: each backward unit 0.055 ms longer), and
+    under the ideal overlap the longer compute hides more of the fsdp stream: exposed fsdp 265361.45 ->
+    259265.42 ms; the saving still 0.00 ms.)"""
     r = _cli("step", EXAMPLES / "seed-64gpu.toml", "--overlap-tp")
     line = next(x for x in r.output.splitlines() if x.startswith("tp overlap (--overlap-tp)"))
-    assert line.endswith("exposed tp 3561.00 ms (blocking: 14028.31 ms), compute 55805.95 ms (blocking: 55805.95 ms), "
-                         "step 324728.40 ms (blocking: 324728.40 ms): saves 0.00 ms per step: the step is bound by the "
-                         "fsdp stream (exposed fsdp 265361.45 ms on stage 0), which the compute stream waits for "
+    assert line.endswith("exposed tp 3561.00 ms (blocking: 14028.31 ms), compute 61905.53 ms (blocking: 61905.53 ms), "
+                         "step 324731.95 ms (blocking: 324731.95 ms): saves 0.00 ms per step: the step is bound by the "
+                         "fsdp stream (exposed fsdp 259265.42 ms on stage 0), which the compute stream waits for "
                          "either way: the tp time hidden becomes fsdp wait")
-    assert abs((272012.83 - 265361.45) - (331379.79 - 324728.40)) < 0.02  # the same 6651.38 ms, each to 0.01
-    assert "exposed communication on stage 0: fsdp 265361.45 ms, tp 3561.00 ms" in r.output
+    assert "exposed communication on stage 0: fsdp 259265.42 ms, tp 3561.00 ms" in r.output
 
 
 def test_overlap_tp_that_saves_time_gives_no_reason():
@@ -172,7 +176,11 @@ def test_search_names_the_zero12_data_axis_dp_as_plan_does(tmp_path):
     steps are those of before the rename (5.798 s for the zero2 run). Since the rows are distinct
     meshes (9db001f) the one data axis is one row, its zero3 run (5.752 s, the lowest peak within 1%);
     the zero1/zero2 runs are its variants (``--json`` top_variants), and a search narrowed to
-    zero1/zero2 lists the zero2 run as row 1."""
+    zero1/zero2 lists the zero2 run as row 1. (nc52fixC: DeepSpeed ZeRO-3's overlapped gathers and
+    reduce-scatters cross the 2 nodes and now hold 16 of 132 SMs beside the compute: its run 5.752 ->
+    6.003 s (test_deepspeed_zero3_knobs), more than 1% over the zero1 run's 5.761 s, so no longer in
+    the row; ZeRO-1/2 reduce their buckets at the step's end, beside no compute, unchanged. Row 1 is
+    the dp 16 zero2 run, 5.798 s, first of the two within 1% by the search's tie rule, its variant the zero1 run.)"""
     ds = _deepspeed_zero2(tmp_path)
     plan = _cli("plan", ds).output
     assert "mesh (dp 16)  canonical ('dp',)" in plan
@@ -180,16 +188,14 @@ def test_search_names_the_zero12_data_axis_dp_as_plan_does(tmp_path):
     rows = _table_rows(r.output)
     # the zero3 row is DeepSpeed's ZeRO-3, without FSDP2's compute-stream copies (zero3_engine "deepspeed"),
     # copying out only its prefetched part (5.768 s when it copied out every gathered byte)
-    assert [(x[1].strip(), x[5].strip(), x[8].strip()) for x in rows] == [("dp_shard 16", "zero3", "5.752")]
+    assert [(x[1].strip(), x[5].strip(), x[8].strip()) for x in rows] == [("dp 16", "zero2", "5.798")]
     doc = json.loads((tmp_path / "s.json").read_text())
     runs = {(next(a for a in ("dp", "dp_shard") if a in v["mesh"]), v["sharding"]): round(v["step_s"], 3)
             for v in doc["top_variants"]}
-    assert runs.keys() == {("dp", "zero1"), ("dp", "zero2"), ("dp_shard", "zero3")}
-    assert runs[("dp", "zero2")] == 5.798  # step s of the zero2 run as before the rename
-    # the variants line names those runs in their own words, not as row 1's dp_shard 16
-    line = " ".join(r.output.split("row 1's mesh (dp_shard 16)", 1)[1].split("goodput (Daly")[0].split())
-    assert "1a dp 16, mb 1, none, vpp 1, zero2 (5.798 s" in line and "1c dp 16, mb 1, none, vpp 1, zero1 (" in line
-    assert "; 1b mb 2, none, vpp 1, zero3 (" in line
+    assert runs == {("dp", "zero1"): 5.761}  # within 1% of row 1's 5.798 s; the zero3 run (6.003 s) is not
+    # the variants line names that run in its own words, under row 1's dp 16
+    line = " ".join(r.output.split("row 1's mesh (dp 16)", 1)[1].split("goodput (Daly")[0].split())
+    assert "1a mb 1, none, vpp 1, zero1 (5.761 s" in line
     narrowed = tmp_path / "zero12.toml"
     narrowed.write_text(ds.read_text().replace('sharding = ["zero1", "zero2", "zero3"]',
                                                'sharding = ["zero1", "zero2"]'))

@@ -118,7 +118,10 @@ def test_hpz_micro_batch_0_forward_timed_apart():
     with the gathers over the node's 8 ranks and no copy (the secondary tensor exists:
     _partition_param_sec returns at 1878): each its own table row, not their mean. A layer's copy:
     126.9 us (test_one_node_hpz_of_the_node_and_qgz_leave_the_step). Micro-batch 0's forward is the
-    longer by its copies (4,340.2 us) and its slower gathers where they are exposed."""
+    longer by its copies (4,340.2 us) and its slower gathers where they are exposed, less what its
+    kernels lose to SM contention against micro-batch 1's (nc52fixC: its gathers over 16 ranks cross
+    the nodes and hold NCCL's 16 network channels, 16 / 132 SMs, micro-batch 1's on NVLink 24 / 132:
+    4.839 against 6.814 ms of contention, so micro-batch 0 is 2.584 ms longer, not 4.34 ms or more)."""
     plan = build_plan(_cfg(zero_hpz_partition_size=8))
     fwd = {r.group_size: r for r in _rows(plan.config, "forward", "all-gather")}
     c = CommTimes.from_rows(plan.stage(0).collectives, layers=32)
@@ -131,7 +134,8 @@ def test_hpz_micro_batch_0_forward_timed_apart():
     mb0, mb1 = st.units.get(0, 0, "F", 0), st.units.get(0, 0, "F", 1)
     gathers = lambda u: {round(e.end_s - e.start_s, 12) for e in u.events if e.name.startswith("fsdp AG L")}
     assert gathers(mb0) == {round(fwd[16].time_s, 12)} and gathers(mb1) == {round(fwd[8].time_s, 12)}
-    assert mb0.duration_s - mb1.duration_s >= 4340.2e-6 - 1e-7
+    assert mb0.contention_s < mb1.contention_s
+    assert mb0.duration_s - mb1.duration_s >= 4340.2e-6 + (mb0.contention_s - mb1.contention_s) - 1e-7
 
 
 def test_hpz_secondary_partition_in_memory():

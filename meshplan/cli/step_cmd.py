@@ -125,7 +125,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     end stage. Under eager DTensor TP a 'host:' line gives the time the device waits for the host to issue
     the blocks (--json host_wait_s), and where that is 15% of the step or more a 'hint:' line the step
     re-planned with training.torch_compile = true. An 'SM contention:' line gives the compute time that is kernels
-    slowed by the NVLink collectives they overlap (their NCCL channels hold SMs; --json sm_contention_s): a
+    slowed by the collectives they overlap, NVLink and network alike (their NCCL channels hold SMs; --json sm_contention_s): a
     --calibration of the link moves compute by its change only. Where the critical stage idles in the pipeline bubble 15% of the
     step or more, a 'hint:' line with the bubble's knobs re-planned (interleaved virtual stages 2 and 4, half the
     micro-batch, the zero-bubble schedules zb_h1, zbv and dualpipev under torch, pp / 2 with the data axis doubled),

@@ -25,13 +25,14 @@ def _side_dict(s: Side) -> dict:
             "mfu": s.mfu, "peak_bytes": s.peak_bytes, "usable_bytes": s.usable_bytes,
             "gemms": [{"name": g[0], "m": g[1], "n": g[2], "k": g[3], "efficiency": g[4]} for g in s.gemms],
             "sent_bytes_per_step_by_link": dict(s.link_bytes), "sent_bytes_stage_by_link": dict(s.link_stage),
-            "exposed_s": dict(s.exposed_s), "headroom": s.headroom or None}
+            "exposed_s": dict(s.exposed_s), "compute_split_s": s.compute_split_s, "headroom": s.headroom or None}
 
 
 def compare_to_dict(c: Comparison) -> dict:
     """The ``compare --json`` document (schema ``meshplan.compare/v1``): both sides' numbers
     (SI; traffic as bytes each rank sends per step by link class, on the stage whose rank
-    sends the most, named in ``sent_bytes_stage_by_link``), the knobs that differ, the
+    sends the most, named in ``sent_bytes_stage_by_link``; ``compute_split_s``, the compute part by
+    kernel kind with the SM contention its own part, :attr:`~meshplan.compare.sides.Side.compute_split_s`), the knobs that differ, the
     verdict and the rule, the table as values (:func:`table_values`), and the headroom rule's
     result as the text prints it (:mod:`meshplan.memory.headroom`, one home): each side's
     ``headroom`` (``tight: ...`` or null) and ``headroom_warnings``, the ``warning (NAME): tight:

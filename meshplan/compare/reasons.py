@@ -20,7 +20,6 @@ from meshplan.schedule.kernel_kinds import kernel_kinds_s, largest_kinds
 from meshplan.schedule.stage_traffic import WHICH
 from meshplan.schedule.steptime import workload_of
 from meshplan.schedule.workload import plan_step_gemms
-from meshplan.search.step_parts import compute_split
 from meshplan.units import MS, GiB
 
 
@@ -109,15 +108,17 @@ def _part_lines(a: Side, b: Side) -> list[str]:
 
 def _split_line(a: Side, b: Side) -> list[str]:
     """The compute line's last reason (a one-item list; none without a step on both sides): each side's compute by kernel kind, seconds per step on its
-    critical stage (:func:`~meshplan.search.step_parts.compute_split`, what the search's line on the
-    top names: GEMMs, attention, copies on the compute stream, other (memory-bound ops, optimizer
-    step); they add up to compute), the kinds ordered by their difference, largest first:
+    critical stage (:attr:`~meshplan.compare.sides.Side.compute_split_s`: the search's line on the
+    top names GEMMs, attention, copies on the compute stream, other (memory-bound ops, optimizer
+    step); here the SM contention, kernels slowed while collectives' NCCL channels hold SMs, is its
+    own part, ``SM contention (NCCL channels)``, not in other; they add up to compute), the kinds
+    ordered by their difference, largest first:
     ``of compute by kernel kind (each side's critical stage, per step): GEMMs A 1536.0 ms, B 1600.0 ms
     (+64.0 ms); ...``. Newcomer trial 24: pp 4 vpp 2 against dp_shard 32 x tp 8 (Llama-3-70B) said only
     ``compute +198.7 ms``, all of it in the GEMMs and attention, which :func:`_kind_lines` leaves out."""
-    if a.step is None or b.step is None or isinstance(a.plan, Infeasible) or isinstance(b.plan, Infeasible):
+    sa, sb = a.compute_split_s, b.compute_split_s
+    if sa is None or sb is None:
         return []  # no step on a side: no compute line to end
-    sa, sb = compute_split(a.plan, a.step), compute_split(b.plan, b.step)
     kinds = sorted(sa, key=lambda k: -abs(sb[k] - sa[k]))
     return ["of compute by kernel kind (each side's critical stage, per step): " + "; ".join(
         f"{k} {a.name} {sa[k] / MS:.1f} ms, {b.name} {sb[k] / MS:.1f} ms ({round((sb[k] - sa[k]) / MS, 1) + 0.0:+.1f} ms)"

@@ -24,6 +24,7 @@ from meshplan.schedule.steptime import StepTime, step_time, workload_of
 from meshplan.schedule.workload import plan_step_gemms
 from meshplan.search.candidate import megatron_split, stage_split
 from meshplan.search.columns import PIPELINE, candidate_schedule, reshard_acts
+from meshplan.search.step_parts import compute_split
 from meshplan.search.tie_key import OTHER_SCHEDULE, tie_key
 from meshplan.spec.mesh_words import mesh_text
 from meshplan.units import GB
@@ -66,6 +67,16 @@ class Side:
         if not self.feasible or self.peak_bytes is None or self.usable_bytes is None:
             return ""
         return headroom_words(self.peak_bytes, self.usable_bytes, self.plan.config.memory.fragmentation_fraction)
+
+    @property
+    def compute_split_s(self) -> Optional[dict[str, float]]:
+        """This side's compute by kernel kind, seconds per step on its critical stage
+        (:func:`~meshplan.search.step_parts.compute_split` with the SM contention its own part,
+        ``SM contention (NCCL channels)``: the five add up to the step's compute); None without
+        a step (an infeasible or unresolved side)."""
+        if self.step is None or isinstance(self.plan, Infeasible):
+            return None
+        return compute_split(self.plan, self.step, contention=True)
 
     @property
     def resolved(self) -> bool:

@@ -7,8 +7,10 @@ slowdown, and the slowdown grows and shrinks with the overlapped collectives' le
 exactly the change of this figure. The mechanism: NCCL runs one thread block per channel, each
 resident on one SM for the whole collective, so an NVLink collective holds
 ``fabric.nccl_channels / gpu.sms`` of the SMs while it runs (NVIDIA/nccl-tests issue #100: 24
-channels on an HGX A100, 108 SMs: 22%; :func:`~meshplan.schedule.comm_times.nccl_sm_share`), and
-the kernels it overlaps progress at the rest (:meth:`~meshplan.schedule.unit_sim.StreamSim.compute`).
+channels on an HGX A100, 108 SMs: 22%) and a network one its NCCL channels over the SMs (rings 2
+x NICs, a send/recv ceil(NIC GB/s / 14): DGX H100 16 and 4 of 132;
+:func:`~meshplan.schedule.row_shares.nccl_net_channels`; :func:`~meshplan.schedule.comm_times.nccl_sm_share`),
+and the kernels it overlaps progress at the rest (:meth:`~meshplan.schedule.unit_sim.StreamSim.compute`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ def contention_line(st) -> list[str]:
     share = max(st.units.comms[s].share.values(), default=0.0)
     rest = st.parts_s()["compute"] - slow
     return [f"SM contention: compute on stage {s} includes {slow * 1e3:.2f} ms of kernels slowed by the collectives "
-            f"they overlap: an NVLink collective's NCCL channels hold {share:.0%} of the SMs while it runs (one thread "
-            "block per channel, catalog nccl_channels / SMs; NVIDIA/nccl-tests issue #100), so this time moves with "
+            f"they overlap: a collective's NCCL channels hold up to {share:.0%} of the SMs while it runs (one thread "
+            "block per channel over SMs: catalog nccl_channels on NVLink, NCCL's rings 2 x NICs and send/recv "
+            "ceil(NIC GB/s / 14) over the network; NVIDIA/nccl-tests issue #100, NVIDIA/nccl src/graph/connect.cc, "
+            "src/graph/paths.cc), so this time moves with "
             f"those collectives' length (a --calibration of the link moves it; compute less it, {rest * 1e3:.2f} ms, "
             "does not)"]

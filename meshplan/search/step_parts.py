@@ -40,15 +40,22 @@ def compute_stream_copies_s(plan: Plan, st: StepTime) -> float:
 
 #: The parts :func:`compute_split` splits a step's ``compute`` into, as the explanation names them.
 SPLIT_PARTS = ("GEMMs", "attention", "copies on the compute stream", "other (memory-bound ops, optimizer step)")
+#: The part :func:`compute_split` itemises with ``contention``: the kernels' slowdown while collectives'
+#: NCCL channels hold SMs (:meth:`~meshplan.schedule.step_summary.StepTime.contention_s`).
+SM_CONTENTION = "SM contention (NCCL channels)"
 
 
-def compute_split(plan: Plan, st: StepTime) -> dict[str, float]:
+def compute_split(plan: Plan, st: StepTime, contention: bool = False) -> dict[str, float]:
     """``st``'s ``compute`` part (:func:`step_breakdown`) split by kernel kind, seconds per step on
     its critical stage: the GEMMs' and the attention core's ops (``Op.kind`` "gemm", "attention";
     recompute included) of its chunks x micro-batches x schedule runs, the collectives' copies on
     the compute stream (:func:`compute_stream_copies_s`), and the rest (norms, residual adds,
     activations, casts, issue overheads, the optimizer step), so that the four add up to
-    ``compute``. Keys: :data:`SPLIT_PARTS`."""
+    ``compute``. Keys: :data:`SPLIT_PARTS`. The ops' seconds are their own, unslowed: the rest
+    also holds the SM contention (the kernels' slowdown beside collectives,
+    :meth:`~meshplan.schedule.step_summary.StepTime.contention_s`) unless ``contention``, which
+    moves it to a fifth part, :data:`SM_CONTENTION` (``compare``'s split; the search's explanation
+    keeps four)."""
     kinds = {"gemm": 0.0, "attention": 0.0}
     for ch in st.units.chunks[st.critical_stage]:
         for cost in (*ch.layers, ch.embed, ch.head, ch.batch):
@@ -59,7 +66,10 @@ def compute_split(plan: Plan, st: StepTime) -> dict[str, float]:
     gemm, attention = passes * kinds["gemm"], passes * kinds["attention"]
     copies = compute_stream_copies_s(plan, st)
     rest = st.parts_s().get("compute", 0.0) - gemm - attention - copies
-    return dict(zip(SPLIT_PARTS, (gemm, attention, copies, rest)))
+    if not contention:
+        return dict(zip(SPLIT_PARTS, (gemm, attention, copies, rest)))
+    slowed = st.contention_s()
+    return dict(zip((*SPLIT_PARTS, SM_CONTENTION), (gemm, attention, copies, rest - slowed, slowed)))
 
 
 def layer_passes(st: StepTime) -> int:

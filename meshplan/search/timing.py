@@ -82,6 +82,15 @@ Under a V-shaped schedule (ZB-V, DualPipeV) only the fill and every stage's busy
 end are kept (the last unit is a weight gradient; the gradient returns through input
 gradients whose bound the units do not separate).
 
+Left out: the **SM contention**, the kernels' slowdown while collectives' NCCL channels hold SMs
+(:func:`meshplan.schedule.row_shares.nccl_sm_share`: the NVLink fabric's catalog channels and the
+network's rings and send/recv channels, NVIDIA/nccl @5067397; ``step``'s SM contention line,
+:meth:`~meshplan.schedule.step_summary.StepTime.contention_s`): every op here takes its own
+seconds. Contention only lengthens a kernel (a kernel beside collectives holding a share ``s`` of
+the SMs runs at ``1 - s``, never faster), so leaving it out keeps the bound under the step
+(tests/test_search_stage_bounds.py checks the 405B stage bounds' tightness against the step less
+its contention).
+
 A middle stage's collectives are counted as its own table or stage 0's would count them,
 whichever is less, so the bound holds with either convention of
 :func:`~meshplan.schedule.steptime.step_time`. Tests check ``bound <= step_time`` on every
