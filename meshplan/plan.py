@@ -31,6 +31,7 @@ from meshplan.compute.shapes import Attention, Gemm, local_shapes
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
+from meshplan.memory.offload_host import host_memory_reasons
 from meshplan.memory.state import StateBytes, state_bytes
 from meshplan.memory.timeline import Timeline, memory_timelines, most_loaded, stage_timelines
 from meshplan.mesh import resolve
@@ -134,7 +135,8 @@ class Plan:
 
     @property
     def feasible(self) -> bool:
-        """True when every stage's memory timeline peak fits usable HBM."""
+        """True when every stage's memory timeline peak fits usable HBM (and, under ZeRO-Offload,
+        the node's host memory holds its ranks' host state)."""
         return not self.reasons
 
     @property
@@ -306,7 +308,13 @@ def with_memory(plan: Plan) -> Plan:
     :func:`build_plan` adds by default, for callers that plan the memory only of the plans they keep
     (the bubble hint's re-plans: :meth:`meshplan.schedule.verdict.Rebuilt.stepped`)."""
     timelines = memory_timelines(plan)  # reads the plan's mesh, stages, state and tables
-    return replace(plan, reasons=memory_reasons(timelines), timelines=timelines)
+    return replace(plan, reasons=memory_reasons(timelines) + _host_reasons(plan), timelines=timelines)
+
+
+def _host_reasons(plan: Plan) -> tuple[str, ...]:
+    """ZeRO-Offload's host memory over the node's (:func:`meshplan.memory.offload_host.host_memory_reasons`)."""
+    c = plan.config
+    return host_memory_reasons(plan.state, plan.mesh, c.training, c.cluster.node, plan.micro_batches)
 
 
 def with_memory_if_fits(plan: Plan) -> Plan | None:
@@ -318,7 +326,7 @@ def with_memory_if_fits(plan: Plan) -> Plan | None:
         if not tl.fits:
             return None
         timelines.append(tl)
-    return replace(plan, reasons=(), timelines=tuple(timelines))
+    return None if _host_reasons(plan) else replace(plan, reasons=(), timelines=tuple(timelines))
 
 
 def memory_reasons(timelines: tuple[Timeline, ...]) -> tuple[str, ...]:
