@@ -78,6 +78,7 @@ from meshplan.interop.deepspeed_zero import (
     ZERO12_USED,
     bf16_optimizer_training,
     bucket_elements,
+    offload_training,
     prefetch_memory,
     refuse_offload,
     runs_bf16_optimizer,
@@ -320,6 +321,7 @@ def _engine_training(d: dict, stage: int, dtype: str, bf16_opt: bool, notes: lis
         training["zero0_engine"] = "deepspeed"
     elif stage in (1, 2):
         training |= zero12_training(d, dtype)
+    training |= offload_training(zero_section(d), stage, notes)  # ZeRO-Offload (memory.offload)
     if stage == 3:
         training |= zero3_training(d, dtype) | {"zero3_engine": "deepspeed"}
         notes.append("ZeRO stage 3 planned as DeepSpeed >= v0.5.5 runs it (training.zero3_engine = \"deepspeed\": "

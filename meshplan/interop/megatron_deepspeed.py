@@ -124,7 +124,7 @@ def ds_tables(d: dict, stage: int, dtype: str, micro: Optional[int]) -> tuple[di
     ({'zero12_engine': 'deepspeed', 'grad_dtype': 'bf16', 'grad_reduce_dtype': 'fp32'}, {'grad_bucket_elements': 200000000}, 2)
     """
     zero = d.get("zero_optimization", {})
-    refuse_offload(zero)
+    refuse_offload(zero, optimizer_cpu=False)  # this reader does not read ZeRO-Offload
     training, memory = {}, {}
     if runs_bf16_optimizer(d, stage, dtype):  # BF16_Optimizer (bf16_optimizer_keys)
         training = bf16_optimizer_training(d, dtype)
