@@ -1,0 +1,157 @@
+"""DeepSpeed ZeRO-Offload (``training.offload_optimizer = "cpu"``, meshplan.memory.offload): host bytes,
+the GPU state it removes, the CPU Adam and PCIe times, host-memory overflow, the DeepSpeed JSON round
+trip and refusals, and the newcomer's question (trial 52: Llama-3-70B, ZeRO-3 + offload_optimizer on
+4 nodes of 8x A100 40GB). DeepSpeed read at edaa722 (meshplan/memory/offload.py's docstring)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.catalog import node
+from meshplan.errors import ConfigError
+from meshplan.interop.deepspeed_zero import refuse_offload
+from meshplan.memory.offload import CPU_ADAM_PARAMS_PER_S_PER_CORE, cpu_adam_s, host_link_bytes_per_s
+from meshplan.memory.offload_host import host_bytes, host_memory_reasons, partition_elements
+from meshplan.memory.state import most_loaded, state_bytes
+from meshplan.mesh.layers import stage_layers
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.schedule.offload_step import grad_copy_bytes
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+from tests.cli_run import run_cli
+
+TINY = ModelSpec(layers=4, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=32, tied_embeddings=True,
+                 norm="layernorm")
+MESH = resolve_mesh(MeshSpec(names=["dp"], shape=[4]), world=4)
+
+
+def _z3(offload: str) -> TrainingSpec:
+    return TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", zero3_engine="deepspeed", param_dtype="bf16",
+                        compute_dtype="bf16", vocab_pad_divisor=1, offload_optimizer=offload)
+
+
+def test_host_bytes_and_gpu_drop():
+    """Tiny GPT (handed case C9's model) at ZeRO-3 over dp 4. Parameters by hand: a layer 3 x 16 x 16 (qkv)
+    + 16 x 16 (out) + 2 x 16 x 64 (MLP) = 3072, its two LayerNorms 2 x 32 = 64; 4 layers 12,544, final norm
+    32, tied embedding 32 x 16 = 512: 13,088. Each rank's partition ceil(13,088 / 4) = 3,272. DeepSpeed's
+    host per element (stage3.py:742-746, 1107-1111, 1287-1292): fp32 master 4 + Adam m, v 8 + fp32
+    gradient 4 + the bf16 gradient partition buffer 2 = 18 B: 58,896 B. The GPU keeps the bf16 parameter
+    partition only, 3,272 x 2 = 6,544 B; without offload it also holds the gradient partition (bf16,
+    DeepSpeed's grad_accum_dtype unset) 2, master 4 and Adam 8: 3,272 x 16 = 52,352 B."""
+    on, off = (most_loaded(state_bytes(TINY, MESH, _z3(o), stage_layers(4, 1))) for o in ("cpu", "none"))
+    assert partition_elements(on, MESH) == 3272
+    assert host_bytes(on, MESH, _z3("cpu"), 1) == 58_896
+    assert host_bytes(off, MESH, _z3("none"), 1) == 0
+    assert on.total_bytes == 6_544 and {i.kind for i in on.items} == {"params"}
+    assert off.total_bytes == 52_352
+
+
+def test_zero2_accumulator_and_stage1_grads():
+    """Stages 1/2 (stage_1_and_2.py): the bf16 staging buffer of the partition (:498-507) is 2 B an
+    element; with more than one micro-batch the host accumulator of each gradient (:1525-1531, the
+    parameter's dtype) 2 B more: 18 then 20 B. ZeRO-1 keeps param.grad whole on the GPU (not
+    partitioned): its GPU state is params 13,088 x 2 + grads 13,088 x 2 = 52,352 B."""
+    z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", param_dtype="bf16",
+                      compute_dtype="bf16", vocab_pad_divisor=1, offload_optimizer="cpu")
+    st = most_loaded(state_bytes(TINY, MESH, z2, stage_layers(4, 1)))
+    assert host_bytes(st, MESH, z2, 1) == 3272 * 18 and host_bytes(st, MESH, z2, 2) == 3272 * 20
+    z1 = z2.model_copy(update={"sharding": "zero1"})
+    assert most_loaded(state_bytes(TINY, MESH, z1, stage_layers(4, 1))).total_bytes == 52_352
+
+
+def test_cpu_adam_and_pcie_times():
+    """CPU Adam: Ren et al. (ATC'21) Table 3, CPU-Adam 10B parameters in 2.57 s on a DGX-2's 48 Xeon
+    8168 cores: 81.06e6 params/s a core. A DGX A100 rank gets 64 cores / 4 GPUs = 16: 1.297e9/s, so
+    its 2.2e9-parameter partition (70B / 32) takes 1.696 s. PCIe: Gen4 x16 31.5 GB/s shared by the 2
+    GPUs of a DGX A100 PCIe switch = 15.75 GB/s; the bf16 partition back to the GPU, 4.4e9 B, 0.279 s.
+    ZeRO-3's gradient copies with 1 micro-batch: bf16 partition 2 B + its fp32 cast 4 B = 6 B an element."""
+    a100 = node("dgx-a100-40gb")
+    assert CPU_ADAM_PARAMS_PER_S_PER_CORE == pytest.approx(81.06e6, rel=1e-3)
+    assert cpu_adam_s(2_200_000_000, a100) == pytest.approx(1.696, abs=1e-3)
+    assert host_link_bytes_per_s(a100) == 15.75e9
+    assert 4.4e9 / host_link_bytes_per_s(a100) == pytest.approx(0.279, abs=1e-3)
+    assert grad_copy_bytes(2_200_000_000, _z3("cpu"), 1) == 13_200_000_000
+
+
+def test_host_overflow_reason():
+    """Llama-3-70B (70,553,706,496 parameters) at ZeRO-3 on one DGX A100 320GB: ceil(70,553,706,496 / 8) =
+    8,819,213,312 a rank x 18 B = 158.7 GB, 8 ranks 1,270.0 GB > the datasheet's 1 TB (1000 GB)."""
+    from meshplan.catalog import model
+    m = model("llama3-70b")
+    mesh = resolve_mesh(MeshSpec(names=["dp"], shape=[8]), world=8)
+    t = TrainingSpec(global_batch=8, seq_len=4096, sharding="zero3", zero3_engine="deepspeed", param_dtype="bf16",
+                     compute_dtype="bf16", vocab_pad_divisor=1, offload_optimizer="cpu")
+    states = state_bytes(m, mesh, t, stage_layers(m.layers, 1))
+    (why,) = host_memory_reasons(states, mesh, t, node("dgx-a100-40gb"), 1)
+    assert "8 ranks x 158.7 GB" in why and "8,819,213,312 params x 18 B" in why and "1270.0 GB > the node's 1000 GB" in why
+    assert host_memory_reasons(states, mesh, t, node("dgx-a100"), 1) == ()  # the 640GB system's 2 TB
+    with pytest.raises(ConfigError, match="host_memory_gb"):
+        host_memory_reasons(states, mesh, t, node("dgx-a100").model_copy(update={"host_memory_gb": None}), 1)
+
+
+def test_refusals():
+    """NVMe and parameter offload stay refused by name; the CPU optimizer is read (not refused)."""
+    refuse_offload({"offload_optimizer": {"device": "cpu"}, "cpu_offload": True})
+    with pytest.raises(ConfigError, match=r"^zero_optimization.offload_optimizer: device 'nvme'"):
+        refuse_offload({"offload_optimizer": {"device": "nvme"}})
+    with pytest.raises(ConfigError, match=r"^zero_optimization.offload_param: device 'cpu'"):
+        refuse_offload({"offload_param": {"device": "cpu"}})
+    with pytest.raises(ConfigError, match="offload_optimizer"):  # Megatron-DeepSpeed's reader does not read it
+        refuse_offload({"offload_optimizer": {"device": "cpu"}}, optimizer_cpu=False)
+    with pytest.raises(ValueError, match="offload_optimizer 'cpu' is DeepSpeed's"):
+        TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", offload_optimizer="cpu")  # FSDP2
+
+
+DS = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+
+
+def _import(tmp_path, capsys, nodes: int, name: str, ds=DS) -> tuple[int, str]:
+    src = tmp_path / f"{name}.json"
+    src.write_text(json.dumps(ds))
+    out = tmp_path / f"{name}.toml"
+    code, _, err = run_cli(["import", "deepspeed", src, "--cluster", "dgx-a100-40gb", "--nodes", nodes, "--model",
+                            "llama3-70b", "--seq-len", 4096, "--gradient-checkpointing", "-o", out], capsys)
+    return code, out if code == 0 else err
+
+
+def test_round_trip_and_nvme(tmp_path, capsys):
+    """import reads offload_optimizer.device cpu into training.offload_optimizer; export writes it back;
+    device nvme is a one-line error naming the key."""
+    code, toml = _import(tmp_path, capsys, 4, "a")
+    assert code == 0 and 'offload_optimizer = "cpu"' in toml.read_text()
+    code, _, err = run_cli(["export", toml, "--to", "deepspeed", "-o", tmp_path / "back.json"], capsys)
+    assert code == 0, err
+    back = json.loads((tmp_path / "back.json").read_text())
+    assert back["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    nvme = json.loads(json.dumps(DS))
+    nvme["zero_optimization"]["offload_optimizer"]["device"] = "nvme"
+    code, err = _import(tmp_path, capsys, 4, "n", nvme)
+    assert code != 0 and "zero_optimization.offload_optimizer: device 'nvme'" in err and "Traceback" not in err
+
+
+def test_newcomer_70b_offload(tmp_path, capsys):
+    """Trial 52's question: Llama-3-70B, ZeRO-3 + offload_optimizer cpu, 4 nodes of 8x A100 40GB (seq 4096,
+    micro-batch 1, activation checkpointing). Host: ceil(70,553,706,496 / 32) = 2,204,803,328 x 18 B =
+    39.7 GB a rank, 317.5 GB a node of 1 TB: fits. GPU: the bf16 partition 4.41 GB plus the gathered
+    layers and checkpointed activations fits the 35.5 GiB usable. The step shows the host rows: CPU Adam
+    2,204,803,328 / 1.297e9 = 1,700 ms, the params back 4.41e9 B / 15.75 GB/s = 280 ms. On 1 node the
+    host is the limit (test_host_overflow_reason): plan exits 1 naming it."""
+    code, toml = _import(tmp_path, capsys, 4, "q")
+    assert code == 0
+    code, out, err = run_cli(["plan", toml], capsys)
+    assert code == 0, out + err
+    code, out, err = run_cli(["step", toml], capsys)
+    assert code == 0, err
+    adam = next(x for x in out.splitlines() if "offload: CPU Adam" in x)
+    h2d = next(x for x in out.splitlines() if "offload: updated params host->GPU" in x)
+    start, end = (float(v) for v in adam.split()[-2].split("-"))
+    assert end - start == pytest.approx(1700.0, abs=1.0)
+    start, end = (float(v) for v in h2d.split()[-2].split("-"))
+    assert end - start == pytest.approx(280.0, abs=1.0)
+    code, toml1 = _import(tmp_path, capsys, 1, "one")
+    code, out, err = run_cli(["plan", toml1], capsys)
+    assert code == 1 and "host memory: 8 ranks x 158.7 GB" in " ".join(out.split())
