@@ -155,3 +155,15 @@ def test_newcomer_70b_offload(tmp_path, capsys):
     code, toml1 = _import(tmp_path, capsys, 1, "one")
     code, out, err = run_cli(["plan", toml1], capsys)
     assert code == 1 and "host memory: 8 ranks x 158.7 GB" in " ".join(out.split())
+
+
+def test_checkpoint_holds_the_host_state():
+    """A checkpoint saves the optimizer state wherever it lives (DeepSpeed engine.py:5409-5411,
+    ``_save_zero_checkpoint`` writes ``self.optimizer.state_dict()``): the tiny GPT's checkpoint per rank
+    under offload is the GPU-resident plan's, params 3,272 x 2 + master 3,272 x 4 + Adam 3,272 x 8 =
+    45,808 B, not the 6,544 B of the GPU's state alone."""
+    from meshplan.checkpoint_bytes import checkpoint_size
+    from meshplan.memory.offload_host import saved_states
+    stages = stage_layers(4, 1)
+    on = saved_states(state_bytes(TINY, MESH, _z3("cpu"), stages), TINY, MESH, _z3("cpu"), stages)
+    assert checkpoint_size(on, MESH).per_rank_bytes == 45_808

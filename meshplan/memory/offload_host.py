@@ -9,7 +9,7 @@ from math import ceil
 
 from meshplan.errors import ConfigError
 from meshplan.memory.offload import host_bytes_per_element, offloads
-from meshplan.memory.state import SHARD_AXIS, StateBytes
+from meshplan.memory.state import SHARD_AXIS, StateBytes, state_bytes
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.cluster import NodeSpec
 from meshplan.spec.training import TrainingSpec
@@ -51,3 +51,14 @@ def host_memory_reasons(states, mesh: Mesh, training: TrainingSpec, node: NodeSp
             f" params x {host_bytes_per_element(training, accum_steps)} B) = {need / 1e9:.1f} GB > the node's "
             f"{have / 1e9:.0f} GB (cluster.node.host_memory_gb); shard over more ranks (more nodes) or set "
             f"offload_optimizer = \"none\"",)
+
+
+def saved_states(states, model, mesh: Mesh, training: TrainingSpec, stages) -> tuple:
+    """The per-stage state a checkpoint saves, wherever it lives: ``states`` (the GPU's) where
+    nothing is offloaded, else :func:`~meshplan.memory.state.state_bytes` as if on the GPU
+    (DeepSpeed's ``save_checkpoint`` writes the host's fp32 master and Adam moments as it would the
+    GPU's: ``runtime/engine.py:5409-5411`` at edaa722, ``_save_zero_checkpoint`` saves
+    ``self.optimizer.state_dict()``)."""
+    if not offloads(training):
+        return tuple(states)
+    return tuple(state_bytes(model, mesh, training.model_copy(update={"offload_optimizer": "none"}), stages))
