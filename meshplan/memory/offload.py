@@ -21,8 +21,8 @@ What DeepSpeed does (deepspeedai/DeepSpeed at edaa7221267243c7be7fb49c5d5f5c4fb9
   without it (:1729-1737; the dedicated copy stream is disabled there). ``step`` (:2320-2343) runs
   DeepSpeedCPUAdam on the host partition, casts the fp32 master into the 16-bit host buffer on the
   host and copies it into the GPU partition (``non_blocking``, from pinned memory), then all-gathers.
-  The GPU also holds ``temp_grad_buffer_for_gpu_offload`` (:591-593: the largest parameter, 16-bit),
-  not in the memory timeline.
+  The GPU also holds ``temp_grad_buffer_for_gpu_offload`` from init (:558-593: the largest
+  parameter's elements, 16-bit; :func:`gpu_staging_entries`, in the memory timeline).
 - **Stage 3** (``runtime/zero/stage3.py``): ``self.device`` is ``cpu`` (:328), so the gradient
   partition buffer ``grad_partitions_flat_buffer`` (:742-746, ``grad_accum_dtype``, pinned) lives on
   the host; ``fp32_partitioned_groups_flat`` (:1107-1111) and the fp32 gradient of each sub-group
@@ -50,7 +50,10 @@ in DeepSpeed at edaa722 (no such key): every step waits for its CPU step.
 
 from __future__ import annotations
 
+from meshplan.mesh.resolve import Mesh
+from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.spec.cluster import NodeSpec
+from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
@@ -147,3 +150,29 @@ def cpu_adam_s(partition_elements: int, node: NodeSpec) -> float:
     1.542
     """
     return partition_elements / (CPU_ADAM_PARAMS_PER_S_PER_CORE * cores_per_gpu(node))
+
+
+def gpu_staging_entries(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> tuple:
+    """The memory timeline's init entry of stages 1/2's ``temp_grad_buffer_for_gpu_offload``
+    (stage_1_and_2.py:558-593 at edaa722: ``largest_param_numel`` over the rank's parameters, in the
+    parameters' dtype, allocated at init and kept); () at stage 3 or without offload. Llama-3-70B at
+    tp 1: the embedding, 128,256 x 8,192 = 1,050,673,152 x 2 B = 2.10 GB.
+
+    >>> from meshplan.catalog import model
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", param_dtype="bf16",
+    ...                  vocab_pad_divisor=1, offload_optimizer="cpu")
+    >>> gpu_staging_entries(model("llama3-70b"), t, resolve_mesh(MeshSpec(names=["dp"], shape=[8]), world=8))[0][2]
+    2101346304
+    """
+    if not offloads(training) or training.sharding == "zero3":
+        return ()
+    tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
+    vocab = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
+    tensors = model.embedding_tensors(vocab) + model.head_tensors(vocab) + [
+        t for i in range(model.layers) for t in model.layer_tensors(i)]
+    largest = max(local_numel(t, model, tp, ep, etp, training.framework) for t in tensors)
+    return ((None, "grad_buffers", largest * dtype_bytes(training.param_dtype),
+             f"ZeRO-Offload's GPU gradient staging buffer (temp_grad_buffer_for_gpu_offload): the largest "
+             f"parameter, {largest:,} x {dtype_bytes(training.param_dtype)} B, allocated at init"),)
