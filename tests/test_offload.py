@@ -167,3 +167,24 @@ def test_checkpoint_holds_the_host_state():
     stages = stage_layers(4, 1)
     on = saved_states(state_bytes(TINY, MESH, _z3("cpu"), stages), TINY, MESH, _z3("cpu"), stages)
     assert checkpoint_size(on, MESH).per_rank_bytes == 45_808
+
+
+def test_hf_trainer_auto_json(tmp_path, capsys):
+    """The HF Trainer's ZeRO-3 JSON ("auto" batch, dtype and buckets, as its docs' zero3 example, with
+    offload_optimizer {"device": "cpu", "pin_memory": true}) reads the offload as a hand-written one does;
+    pin_memory false adds the note that pageable copies are timed as pinned."""
+    hf = {"bf16": {"enabled": "auto"}, "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+          "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                "offload_param": {"device": "none"}, "overlap_comm": True,
+                                "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}}
+    for pin, note in ((True, False), (False, True)):
+        hf["zero_optimization"]["offload_optimizer"]["pin_memory"] = pin
+        src = tmp_path / "hf.json"
+        src.write_text(json.dumps(hf))
+        code, out, err = run_cli(["import", "deepspeed", src, "--cluster", "dgx-a100-40gb", "--nodes", 4, "--model",
+                                  "llama3-70b", "--seq-len", 4096, "--micro-batch", 1, "--grad-accum", 1, "--dtype",
+                                  "bf16", "-o", tmp_path / f"hf{pin}.toml"], capsys)
+        assert code == 0, err
+        assert 'offload_optimizer = "cpu"' in (tmp_path / f"hf{pin}.toml").read_text()
+        assert ("pin_memory false" in " ".join((out + err).split())) == note
