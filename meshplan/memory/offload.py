@@ -62,8 +62,11 @@ from meshplan.units import dtype_bytes
 #: in 2.57 s, measured on a DGX-2 host: 2x Intel Xeon Platinum 8168, 24 cores each (NVIDIA DGX-2
 #: datasheet), 48 cores: 10e9 / 2.57 / 48 = 81.1e6 per core. DeepSpeed's docs/_pages/training.md
 #: (edaa722, "CPU-Adam") states the same table's range, 5.1x-6.5x over torch's CPU Adam for 1-10B.
-#: Scaled by the cores each GPU's rank has (:func:`cores_per_gpu`) with no further correction: the
-#: AMD EPYC 7742 (DGX A100) runs DeepSpeed's AVX2 path, the paper's Xeon AVX-512 (not rescaled).
+#: (The table's values as this change's author recalls them, not re-read from the paper here: verify
+#: against the PDF.) Scaled by the cores each GPU's rank has (:func:`cores_per_gpu`) with no further
+#: correction: the AMD EPYC 7742 (DGX A100) runs DeepSpeed's AVX2 path, the paper's Xeon AVX-512
+#: (not rescaled), and the rate is taken as linear in cores (the update is memory-bound at high
+#: core counts: 28 B of fp32 state read and written a parameter; not modelled).
 CPU_ADAM_PARAMS_PER_S_PER_CORE = 10e9 / 2.57 / 48
 
 #: Bytes per partition element of the fp32 state DeepSpeed keeps on the host (module docstring):
@@ -117,7 +120,10 @@ def host_bytes_per_element(training: TrainingSpec, accum_steps: int) -> int:
 
 def cores_per_gpu(node: NodeSpec) -> float:
     """CPU cores per GPU on the node's least-provisioned socket (cores / GPUs of that socket): the
-    share one rank's DeepSpeedCPUAdam threads get when every rank steps at once. DGX A100: 64 / 4 = 16.
+    share one rank's DeepSpeedCPUAdam threads get when every rank steps at once, as DeepSpeed's
+    launcher gives them with ``--bind_cores_to_rank`` (docs/_tutorials/zero-offload.md:77-80 at
+    edaa722: physical cores divided evenly among ranks, OMP_NUM_THREADS set to each share); without it
+    the ranks' OpenMP threads oversubscribe the cores, slower than this (not modelled). DGX A100: 64 / 4 = 16.
 
     >>> from meshplan.catalog import node
     >>> cores_per_gpu(node("dgx-a100-40gb")), cores_per_gpu(node("dgx-h100"))
