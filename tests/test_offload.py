@@ -152,6 +152,9 @@ def test_newcomer_70b_offload(tmp_path, capsys):
     assert end - start == pytest.approx(1700.0, abs=1.0)
     start, end = (float(v) for v in h2d.split()[-2].split("-"))
     assert end - start == pytest.approx(280.0, abs=1.0)
+    line = next(x for x in out.splitlines() if x.startswith("offload (DeepSpeed ZeRO-Offload"))
+    assert "gradient copies to host hidden behind the backward" in line  # 13.2 GB / 15.75 GB/s = 0.84 s < backward
+    assert "CPU Adam (DeepSpeedCPUAdam) 1699.90 ms" in line and "updated params host->GPU 279.98 ms" in line
     code, toml1 = _import(tmp_path, capsys, 1, "one")
     code, out, err = run_cli(["plan", toml1], capsys)
     assert code == 1 and "host memory: 8 ranks x 158.7 GB" in " ".join(out.split())
@@ -188,3 +191,24 @@ def test_hf_trainer_auto_json(tmp_path, capsys):
         assert code == 0, err
         assert 'offload_optimizer = "cpu"' in (tmp_path / f"hf{pin}.toml").read_text()
         assert ("pin_memory false" in " ".join((out + err).split())) == note
+
+
+def test_zero2_copies_exposed_without_overlap_comm(tmp_path, capsys):
+    """ZeRO-2 + offload_optimizer cpu, Llama-3-8B (8,030,261,248 parameters) on one DGX A100 40GB, 2
+    micro-batches. DeepSpeed's stage-2 default overlap_comm is false: the copies run on the compute stream
+    (stage_1_and_2.py:1729-1737), all exposed. Partition ceil(8,030,261,248 / 8) = 1,003,782,656; bytes a
+    step 4 (fp32 at the boundary) + 2 x 2 (bf16 out each micro-batch) + 2 x 1 (back in on the second) =
+    10 B an element: 10,037,826,560 B / 15.75 GB/s = 637.32 ms; CPU Adam 1,003,782,656 / 1.297e9 = 773.92 ms;
+    params back 2,007,565,312 B / 15.75 GB/s = 127.46 ms."""
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    src = tmp_path / "z2.json"
+    src.write_text(json.dumps(ds))
+    code, _, err = run_cli(["import", "deepspeed", src, "--cluster", "dgx-a100-40gb", "--nodes", 1, "--model",
+                            "llama3-8b", "--seq-len", 2048, "--gradient-checkpointing", "-o", tmp_path / "z2.toml"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["step", tmp_path / "z2.toml"], capsys)
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("offload (DeepSpeed ZeRO-Offload"))
+    assert "gradient copies to host (exposed) 637.32 ms, CPU Adam (DeepSpeedCPUAdam) 773.92 ms, " \
+           "updated params host->GPU 127.46 ms" in line

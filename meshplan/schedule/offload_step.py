@@ -57,3 +57,16 @@ def offload_steps(plan, s: int, mine) -> list[tuple[str, float, str]]:
     return [("offload: gradient copies to host (exposed)", copies, "compute"),
             ("offload: CPU Adam (DeepSpeedCPUAdam)", cpu_adam_s(n, node), "compute"),
             ("offload: updated params host->GPU", n * dtype_bytes(t.param_dtype) / bw, "compute")]
+
+
+def offload_line(summary) -> list[str]:
+    """``offload: ...``: the critical stage's ZeRO-Offload rows (:func:`offload_steps`), each in ms, which
+    the parts line counts in ``compute`` (the GPU waits for them); [] without them."""
+    rows = [e for e in summary.post_events if e.stage == summary.critical_stage and e.name.startswith("offload: ")]
+    if not rows:
+        return []
+    words = ", ".join(f"{e.name[len('offload: '):]} {e.dur_s * 1e3:.2f} ms" for e in rows)
+    if not any("gradient copies" in e.name for e in rows):  # a row of 0 s is not placed (step_end.stage_end)
+        words = "gradient copies to host hidden behind the backward (overlap_comm), " + words
+    return [f"offload (DeepSpeed ZeRO-Offload, in compute above: the GPU waits): {words}; "
+            f"{sum(e.dur_s for e in rows) * 1e3:.2f} ms in all (meshplan.memory.offload: the rates and their sources)"]
