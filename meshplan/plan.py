@@ -31,7 +31,7 @@ from meshplan.compute.shapes import Attention, Gemm, local_shapes
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
-from meshplan.memory.offload_host import host_memory_reasons
+from meshplan.memory.offload_host import host_memory_note, host_memory_reasons
 from meshplan.memory.state import StateBytes, state_bytes
 from meshplan.memory.timeline import Timeline, memory_timelines, most_loaded, stage_timelines
 from meshplan.mesh import resolve
@@ -296,10 +296,12 @@ def _plan(config: Config, spec, world: int, mesh, v, placement, flags: tuple, co
         notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "
                   "is its own forward and backward either way",)
     notes += moe_notes(m, t, mesh, tokens, span[0])  # MoE: the capacity every ep rank uses, with its arithmetic
+    state = tuple(state_bytes(m, mesh, t, v.stages))
+    notes += host_memory_note(state, mesh, t, c.node, v.micro_batches)  # ZeRO-Offload's host share, where it fits
     return Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=derivation_words(mesh.derivation, t, config.origin),
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,
-                state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
+                state=state, constraints=annotated,
                 collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
 
 

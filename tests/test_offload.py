@@ -144,6 +144,8 @@ def test_newcomer_70b_offload(tmp_path, capsys):
     assert code == 0
     code, out, err = run_cli(["plan", toml], capsys)
     assert code == 0, out + err
+    assert ("ZeRO-Offload host memory: 8 ranks x 39.7 GB (2,204,803,328 params x 18 B) = 317.5 GB of the node's "
+            "1000 GB") in " ".join(out.split())
     code, out, err = run_cli(["step", toml], capsys)
     assert code == 0, err
     adam = next(x for x in out.splitlines() if "offload: CPU Adam" in x)

@@ -42,15 +42,32 @@ def host_memory_reasons(states, mesh: Mesh, training: TrainingSpec, node: NodeSp
     if node.host_memory_gb is None:
         raise ConfigError("cluster.node.host_memory_gb", f"node {node.name!r} states no host memory, which "
                           "offload_optimizer = \"cpu\" fills; give the node's CPU memory in GB (its datasheet)")
-    top = max(states, key=lambda s: host_bytes(s, mesh, training, accum_steps))
-    rank = host_bytes(top, mesh, training, accum_steps)
-    need, have = rank * node.gpus, node.host_memory_gb * 1e9
+    need, have, words = _node_need(states, mesh, training, node, accum_steps)
     if need <= have:
         return ()
-    return (f"host memory: {node.gpus} ranks x {rank / 1e9:.1f} GB of ZeRO-Offload state ({partition_elements(top, mesh):,}"
-            f" params x {host_bytes_per_element(training, accum_steps)} B) = {need / 1e9:.1f} GB > the node's "
-            f"{have / 1e9:.0f} GB (cluster.node.host_memory_gb); shard over more ranks (more nodes) or set "
-            f"offload_optimizer = \"none\"",)
+    return (f"host memory: {words} > the node's {have / 1e9:.0f} GB (cluster.node.host_memory_gb); shard over more "
+            f"ranks (more nodes) or set offload_optimizer = \"none\"",)
+
+
+def host_memory_note(states, mesh: Mesh, training: TrainingSpec, node: NodeSpec, accum_steps: int) -> tuple[str, ...]:
+    """The plan's note of a ZeRO-Offload that fits its node's host memory (what each rank and node
+    keep there, of how much); () without offload or when it does not fit (the reason says it)."""
+    if not offloads(training) or not states or node.host_memory_gb is None:
+        return ()
+    need, have, words = _node_need(states, mesh, training, node, accum_steps)
+    return () if need > have else (f"ZeRO-Offload host memory: {words} of the node's {have / 1e9:.0f} GB "
+                                   "(pinned: fp32 master, Adam moments and gradients, a 16-bit staging partition)",)
+
+
+def _node_need(states, mesh: Mesh, training: TrainingSpec, node: NodeSpec, accum_steps: int) -> tuple[float, float, str]:
+    """(host bytes a node's ranks need, the node's, the arithmetic in words): the most loaded stage's
+    rank x the node's GPUs."""
+    top = max(states, key=lambda s: host_bytes(s, mesh, training, accum_steps))
+    rank = host_bytes(top, mesh, training, accum_steps)
+    need = rank * node.gpus
+    return need, (node.host_memory_gb or 0.0) * 1e9, (
+        f"{node.gpus} ranks x {rank / 1e9:.1f} GB ({partition_elements(top, mesh):,} params x "
+        f"{host_bytes_per_element(training, accum_steps)} B) = {need / 1e9:.1f} GB")
 
 
 def saved_states(states, model, mesh: Mesh, training: TrainingSpec, stages) -> tuple:
