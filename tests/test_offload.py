@@ -214,3 +214,17 @@ def test_zero2_copies_exposed_without_overlap_comm(tmp_path, capsys):
     line = next(x for x in out.splitlines() if x.startswith("offload (DeepSpeed ZeRO-Offload"))
     assert "gradient copies to host (exposed) 637.32 ms, CPU Adam (DeepSpeedCPUAdam) 773.92 ms, " \
            "updated params host->GPU 127.46 ms" in line
+
+
+def test_node_without_host_memory_is_one_line(tmp_path, capsys):
+    """grand-teton-h100 (Meta's torchtitan host) states no host memory in the catalog: planning an offload
+    on it is a one-line error naming cluster.node.host_memory_gb and how to give it (exit 2), never a
+    default."""
+    src = tmp_path / "gt.json"
+    src.write_text(json.dumps(DS))
+    code, _, err = run_cli(["import", "deepspeed", src, "--cluster", "grand-teton-h100", "--nodes", 4, "--model",
+                            "llama3-70b", "--seq-len", 4096, "-o", tmp_path / "gt.toml"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["plan", tmp_path / "gt.toml"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: cluster.node.host_memory_gb: node 'grand-teton-h100' states no host memory")

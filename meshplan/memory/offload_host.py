@@ -41,7 +41,8 @@ def host_memory_reasons(states, mesh: Mesh, training: TrainingSpec, node: NodeSp
         return ()
     if node.host_memory_gb is None:
         raise ConfigError("cluster.node.host_memory_gb", f"node {node.name!r} states no host memory, which "
-                          "offload_optimizer = \"cpu\" fills; give the node's CPU memory in GB (its datasheet)")
+                          "offload_optimizer = \"cpu\" fills; write the node inline in [cluster] with host_memory_gb = its CPU "
+                          "memory in GB, from its datasheet (docs/input.md)")
     need, have, words = _node_need(states, mesh, training, node, accum_steps)
     if need <= have:
         return ()
