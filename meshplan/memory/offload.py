@@ -65,8 +65,11 @@ from meshplan.units import dtype_bytes
 #: (The table's values as this change's author recalls them, not re-read from the paper here: verify
 #: against the PDF.) Scaled by the cores each GPU's rank has (:func:`cores_per_gpu`) with no further
 #: correction: the AMD EPYC 7742 (DGX A100) runs DeepSpeed's AVX2 path, the paper's Xeon AVX-512
-#: (not rescaled), and the rate is taken as linear in cores (the update is memory-bound at high
-#: core counts: 28 B of fp32 state read and written a parameter; not modelled).
+#: (not rescaled), and the rate is taken as linear in cores. The host's DRAM does not bind first on
+#: the catalog's DGX nodes (checked, not modelled): the update reads 16 B (fp32 parameter, gradient,
+#: two moments) and writes 14 B (parameter, moments, 16-bit copy) a parameter, 30 B; an EPYC 7742
+#: socket's 8 channels of DDR4-3200 (AMD's product page: 204.8 GB/s) shared by 4 GPUs give 1.7e9
+#: parameters a second each, above the 16 cores' 1.3e9.
 CPU_ADAM_PARAMS_PER_S_PER_CORE = 10e9 / 2.57 / 48
 
 #: Bytes per partition element of the fp32 state DeepSpeed keeps on the host (module docstring):
