@@ -198,7 +198,7 @@ def test_hf_trainer_auto_json(tmp_path, capsys):
 def test_zero2_copies_exposed_without_overlap_comm(tmp_path, capsys):
     """ZeRO-2 + offload_optimizer cpu, Llama-3-8B (8,030,261,248 parameters) on one DGX A100 40GB, 2
     micro-batches. DeepSpeed's stage-2 default overlap_comm is false: the copies run on the compute stream
-    (stage_1_and_2.py:1729-1737), all exposed. Partition ceil(8,030,261,248 / 8) = 1,003,782,656; bytes a
+    (stage_1_and_2.py:1719-1729), all exposed. Partition ceil(8,030,261,248 / 8) = 1,003,782,656; bytes a
     step 4 (fp32 at the boundary) + 2 x 2 (bf16 out each micro-batch) + 2 x 1 (back in on the second) =
     10 B an element: 10,037,826,560 B / 15.75 GB/s = 637.32 ms; CPU Adam 1,003,782,656 / 1.297e9 = 773.92 ms;
     params back 2,007,565,312 B / 15.75 GB/s = 127.46 ms."""

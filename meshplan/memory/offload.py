@@ -18,7 +18,7 @@ What DeepSpeed does (deepspeedai/DeepSpeed at edaa7221267243c7be7fb49c5d5f5c4fb9
   16-bit gradient to a host accumulator (``async_accumulate_grad_in_cpu_via_gpu``, :1516-1560: from the
   second on, host->GPU, add, GPU->host; ``accumulated_grads_in_cpu``, one whole parameter in its dtype).
   The copies run on ``reduction_stream`` under ``overlap_comm`` and on the current (compute) stream
-  without it (:1729-1737; the dedicated copy stream is disabled there). ``step`` (:2320-2343) runs
+  without it (:1719-1729; the dedicated copy stream is disabled there). ``step`` (:2320-2343) runs
   DeepSpeedCPUAdam on the host partition, casts the fp32 master into the 16-bit host buffer on the
   host and copies it into the GPU partition (``non_blocking``, from pinned memory), then all-gathers.
   The GPU also holds ``temp_grad_buffer_for_gpu_offload`` from init (:558-593: the largest
