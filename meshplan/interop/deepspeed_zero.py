@@ -184,12 +184,19 @@ def runs_bf16_optimizer(d: dict, stage: int, dtype: str) -> bool:
     """Whether DeepSpeed's engine runs ``BF16_Optimizer`` for config ``d`` at ZeRO ``stage`` with
     the model in ``dtype``: bf16 at stage 0, or at stage 1 with ``data_types.grad_accum_dtype``
     fp32 (microsoft/DeepSpeed 38327e0 ``runtime/engine.py:1316-1348`` ``_do_optimizer_sanity_check``;
-    v0.6.5 8164ea9 ``engine.py:1111-1146``: bf16 without ZeRO).
+    v0.6.5 8164ea9 ``engine.py:1111-1146``: bf16 without ZeRO), not at stage 1 with the optimizer
+    offloaded to the CPU (edaa722 ``engine.py:1994-1997``: ``and not self.zero_cpu_offload()``, ZeRO's
+    own optimizer then).
 
     >>> runs_bf16_optimizer({}, 0, "bf16"), runs_bf16_optimizer({}, 1, "bf16"), runs_bf16_optimizer({}, 0, "fp16")
     (True, False, False)
+    >>> fp32 = {"data_types": {"grad_accum_dtype": "fp32"}}
+    >>> runs_bf16_optimizer(fp32, 1, "bf16"), runs_bf16_optimizer(fp32 | {"zero_optimization": {"cpu_offload": True}}, 1, "bf16")
+    (True, False)
     """
-    return dtype == "bf16" and (stage == 0 or stage == 1 and _accum_dtype(d) == "fp32")
+    zero = d.get("zero_optimization")
+    offload = isinstance(zero, dict) and bool(offload_training(zero, 1, []))
+    return dtype == "bf16" and (stage == 0 or stage == 1 and _accum_dtype(d) == "fp32" and not offload)
 
 
 def bf16_optimizer_training(d: dict, dtype: str) -> dict[str, Any]:
