@@ -11,7 +11,7 @@ import pytest
 
 from meshplan.catalog import node
 from meshplan.errors import ConfigError
-from meshplan.interop.deepspeed_zero import refuse_offload
+from meshplan.interop.deepspeed_offload import refuse_offload
 from meshplan.memory.offload import CPU_ADAM_PARAMS_PER_S_PER_CORE, cpu_adam_s, host_link_bytes_per_s
 from meshplan.memory.offload_host import host_bytes, host_memory_reasons, partition_elements
 from meshplan.memory.state import most_loaded, state_bytes

@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from meshplan.errors import ConfigError
+from meshplan.interop.deepspeed_offload import refuse_offload
 from meshplan.interop.deepspeed_partition import pipe_split
 from meshplan.interop.deepspeed_zero import (bf16_optimizer_training, bucket_elements, prefetch_memory,
-                                             refuse_offload, runs_bf16_optimizer, zero3_training, zero12_training,
-                                             zero_stage)
+                                             runs_bf16_optimizer, zero3_training, zero12_training, zero_stage)
 
 #: The flags of this module that :mod:`meshplan.interop.megatron` reads.
 FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--no-pipeline-parallel", "--pp-partition-method")
