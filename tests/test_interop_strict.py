@@ -433,12 +433,14 @@ def test_deepspeed_offload_is_refused_naming_the_key(tmp_path, zero, key, device
 @pytest.mark.parametrize("zero", [{"offload_optimizer": {"device": "cpu", "pin_memory": True}}, {"cpu_offload": True}])
 def test_deepspeed_cpu_optimizer_offload_is_read(tmp_path, zero):
     """The CPU optimizer (device "cpu", or the deprecated cpu_offload true) is read into
-    training.offload_optimizer = "cpu" at this config's stage 2, and its keys are not listed unused."""
+    training.offload_optimizer = "cpu" at this config's stage 2, and its device keys are not listed unused;
+    pin_memory is (timed as pinned either way, it is carried as the user's key)."""
     d = json.loads(DS.read_text())
     d["zero_optimization"] |= zero
     cfg = load_any(_write(tmp_path, "c.json", json.dumps(d)), opts=DSOPTS)
     assert (cfg.training.sharding, cfg.training.offload_optimizer) == ("zero2", "cpu")
-    assert "offload_optimizer" not in cfg.notes[-1] and "cpu_offload" not in cfg.notes[-1]
+    assert "offload_optimizer.device" not in cfg.notes[-1] and "cpu_offload" not in cfg.notes[-1]
+    assert ("zero_optimization.offload_optimizer.pin_memory" in cfg.notes[-1]) == ("offload_optimizer" in zero)
 
 
 def test_deepspeed_offload_to_device_none_is_planned(tmp_path):

@@ -119,14 +119,22 @@ def _import(tmp_path, capsys, nodes: int, name: str, ds=DS) -> tuple[int, str]:
 
 
 def test_round_trip_and_nvme(tmp_path, capsys):
-    """import reads offload_optimizer.device cpu into training.offload_optimizer; export writes it back;
-    device nvme is a one-line error naming the key."""
+    """import reads offload_optimizer.device cpu into training.offload_optimizer; export writes the device
+    back and carries the user's pin_memory (true here; false below, kept as written); device nvme is a
+    one-line error naming the key."""
     code, toml = _import(tmp_path, capsys, 4, "a")
     assert code == 0 and 'offload_optimizer = "cpu"' in toml.read_text()
     code, _, err = run_cli(["export", toml, "--to", "deepspeed", "-o", tmp_path / "back.json"], capsys)
     assert code == 0, err
     back = json.loads((tmp_path / "back.json").read_text())
     assert back["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    pageable = json.loads(json.dumps(DS))
+    pageable["zero_optimization"]["offload_optimizer"]["pin_memory"] = False
+    code, toml = _import(tmp_path, capsys, 4, "p", pageable)
+    code, _, err = run_cli(["export", toml, "--to", "deepspeed", "-o", tmp_path / "p_back.json"], capsys)
+    assert code == 0, err
+    back = json.loads((tmp_path / "p_back.json").read_text())
+    assert back["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
     nvme = json.loads(json.dumps(DS))
     nvme["zero_optimization"]["offload_optimizer"]["device"] = "nvme"
     code, err = _import(tmp_path, capsys, 4, "n", nvme)

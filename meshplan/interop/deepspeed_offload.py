@@ -5,8 +5,8 @@ reads the other ZeRO knobs).
 ``cpu_offload: true``, which zero/config.py maps to it) at stages 1-3 is read into
 ``training.offload_optimizer = "cpu"`` (:func:`offload_training`; ZeRO-Offload as
 :mod:`meshplan.memory.offload` models it: host state, CPU Adam, PCIe copies) and written back as
-``{"device": "cpu", "pin_memory": true}``. Its ``pin_memory`` is read as DeepSpeed's default, true:
-``false`` (pageable copies) is timed as pinned, which a note says. Refused by name: device ``nvme``
+``{"device": "cpu"}``. Its ``pin_memory`` is timed as DeepSpeed's default, true, either way: ``false``
+(pageable copies) adds a note; the key is the user's, carried on export. Refused by name: device ``nvme``
 (ZeRO-Infinity's swapping), ``offload_param`` with a device other than ``"none"`` (DeepSpeed's
 default when the table has no ``device``) and its boolean ``cpu_offload_param``, and offload at
 stage 0: meshplan models neither parameter offload nor NVMe traffic; the error names the key.
@@ -19,8 +19,10 @@ from typing import Any
 from meshplan.errors import ConfigError
 
 #: The ZeRO-Offload keys every ZeRO stage reads (:func:`offload_training`).
-OFFLOAD_USED = frozenset({"zero_optimization.offload_optimizer.device", "zero_optimization.offload_optimizer.pin_memory",
-                          "zero_optimization.cpu_offload", "zero_optimization.offload_param.device"})
+#: ``offload_optimizer.pin_memory`` is not among them: timed as pinned either way, it is the user's
+#: key, listed unused and carried on export (:mod:`meshplan.interop.deepspeed_carry`).
+OFFLOAD_USED = frozenset({"zero_optimization.offload_optimizer.device", "zero_optimization.cpu_offload",
+                          "zero_optimization.offload_param.device"})
 
 
 def refuse_offload(zero: Any, optimizer_cpu: bool = True) -> None:
