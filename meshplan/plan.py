@@ -31,6 +31,7 @@ from meshplan.compute.shapes import Attention, Gemm, local_shapes
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
+from meshplan.memory.offload_host import host_memory_note, host_memory_reasons
 from meshplan.memory.state import StateBytes, state_bytes
 from meshplan.memory.timeline import Timeline, memory_timelines, most_loaded, stage_timelines
 from meshplan.mesh import resolve
@@ -134,7 +135,8 @@ class Plan:
 
     @property
     def feasible(self) -> bool:
-        """True when every stage's memory timeline peak fits usable HBM."""
+        """True when every stage's memory timeline peak fits usable HBM (and, under ZeRO-Offload,
+        the node's host memory holds its ranks' host state)."""
         return not self.reasons
 
     @property
@@ -294,10 +296,12 @@ def _plan(config: Config, spec, world: int, mesh, v, placement, flags: tuple, co
         notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "
                   "is its own forward and backward either way",)
     notes += moe_notes(m, t, mesh, tokens, span[0])  # MoE: the capacity every ep rank uses, with its arithmetic
+    state = tuple(state_bytes(m, mesh, t, v.stages))
+    notes += host_memory_note(state, mesh, t, c.node, v.micro_batches)  # ZeRO-Offload's host share, where it fits
     return Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=derivation_words(mesh.derivation, t, config.origin),
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,
-                state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
+                state=state, constraints=annotated,
                 collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
 
 
@@ -306,7 +310,13 @@ def with_memory(plan: Plan) -> Plan:
     :func:`build_plan` adds by default, for callers that plan the memory only of the plans they keep
     (the bubble hint's re-plans: :meth:`meshplan.schedule.verdict.Rebuilt.stepped`)."""
     timelines = memory_timelines(plan)  # reads the plan's mesh, stages, state and tables
-    return replace(plan, reasons=memory_reasons(timelines), timelines=timelines)
+    return replace(plan, reasons=memory_reasons(timelines) + _host_reasons(plan), timelines=timelines)
+
+
+def _host_reasons(plan: Plan) -> tuple[str, ...]:
+    """ZeRO-Offload's host memory over the node's (:func:`meshplan.memory.offload_host.host_memory_reasons`)."""
+    c = plan.config
+    return host_memory_reasons(plan.state, plan.mesh, c.training, c.cluster.node, plan.micro_batches)
 
 
 def with_memory_if_fits(plan: Plan) -> Plan | None:
@@ -318,7 +328,7 @@ def with_memory_if_fits(plan: Plan) -> Plan | None:
         if not tl.fits:
             return None
         timelines.append(tl)
-    return replace(plan, reasons=(), timelines=tuple(timelines))
+    return None if _host_reasons(plan) else replace(plan, reasons=(), timelines=tuple(timelines))
 
 
 def memory_reasons(timelines: tuple[Timeline, ...]) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from math import ceil, exp, expm1, sqrt
 from typing import Optional
 
+from meshplan.memory.offload_host import saved_states
 from meshplan.checkpoint_bytes import CheckpointSize, checkpoint_size, deepspeed_write_bytes, write_time_s
 from meshplan.restart_text import checkpoint_engine
 from meshplan.spec.cluster import ClusterSpec
@@ -312,10 +313,11 @@ def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_byte
                 job: Optional[JobInterval] = None) -> Reliability:
     """Reliability account of a plan. Storage bandwidths and the restart overhead are
     stated by the caller: there is no default for them; ``job``: the job's own interval."""
-    size = checkpoint_size(plan.state, plan.mesh, plan.config.model, plan.config.training.framework)
     t = plan.config.training
+    saved = saved_states(plan.state, plan.config.model, plan.mesh, t, plan.stages)  # ZeRO-Offload's host state too
+    size = checkpoint_size(saved, plan.mesh, plan.config.model, t.framework)
     if checkpoint_engine(t) == "deepspeed":  # DeepSpeed's save_checkpoint, not DCP's balanced shares
-        size = replace(size, written_per_rank_bytes=deepspeed_write_bytes(plan.state, t.sharding), writer="deepspeed")
+        size = replace(size, written_per_rank_bytes=deepspeed_write_bytes(saved, t.sharding), writer="deepspeed")
     return Reliability(plan.world, rate_per_gpu_day, tuple(failure_domains(plan.config.cluster, plan.world)), size,
                        write_time_s(size, write_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
                        write_time_s(size, read_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s, read=True),

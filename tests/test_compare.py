@@ -209,15 +209,16 @@ pp_layer_split = [20, 20, 20, 20]
 def test_another_cluster_is_refused_not_called_identical(tmp_path, capsys):
     """The seed on dgx-a100 nodes is the same mesh on another cluster: it was 'identical meshes'
     (exit 0) beside a step 34% shorter. A different cluster, node count or workload field is
-    refused, naming the first field and both values. 18 more fields: the GPU's catalog fields that differ,
-    device_memory_gib among them since stop 39 (79.11 vs 79.25 GiB)."""
+    refused, naming the first field and both values. 19 more fields: the GPU's catalog fields that differ,
+    device_memory_gib among them since stop 39 (79.11 vs 79.25 GiB), and since ZeRO-Offload the node's
+    host_memory_gb (dgx-a100 2000 GB from its datasheet; the seed's node states none)."""
     from tests.conftest import EXAMPLES
     seed = EXAMPLES / "seed-64gpu.toml"
     a100 = tmp_path / "a100.toml"
     a100.write_text(_seed_text().replace('system = "seed-8x8-2nic"', 'system = "dgx-a100"'))
     rc, out, err = run_cli(["compare", seed, a100, "--out", tmp_path / "cmp"], capsys)
     assert (rc, out) == (2, "")
-    assert err == ("error: compare: cluster.gpu.name differs: seed-64gpu h100-sxm5-80gb, a100 a100-sxm-80gb (and 18 "
+    assert err == ("error: compare: cluster.gpu.name differs: seed-64gpu h100-sxm5-80gb, a100 a100-sxm-80gb (and 19 "
                    "more workload fields); compare weighs two plans of one workload: give both the same [cluster] "
                    "(seed-64gpu is on 8x seed-8x8-2nic, a100 on 8x dgx-a100), or run meshplan step on each to "
                    "compare clusters\n")

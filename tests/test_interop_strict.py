@@ -411,32 +411,47 @@ def test_torchtitan_mixed_precision_values_are_checked(tmp_path):
 
 
 @pytest.mark.parametrize("zero,key,device", [
-    ({"offload_optimizer": {"device": "cpu", "pin_memory": True}}, "zero_optimization.offload_optimizer", "'cpu'"),
+    ({"offload_optimizer": {"device": "nvme", "nvme_path": "/n"}}, "zero_optimization.offload_optimizer", "'nvme'"),
     ({"offload_optimizer": {"device": "none"}, "offload_param": {"device": "nvme", "nvme_path": "/n"}},
      "zero_optimization.offload_param", "'nvme'"),
-    ({"cpu_offload": True}, "zero_optimization.cpu_offload", None),
+    ({"offload_param": {"device": "cpu"}}, "zero_optimization.offload_param", "'cpu'"),
     ({"cpu_offload_param": True}, "zero_optimization.cpu_offload_param", None),
 ])
 def test_deepspeed_offload_is_refused_naming_the_key(tmp_path, zero, key, device):
     """DeepSpeed's zero/config.py: offload_optimizer/offload_param hold a device (default "none");
-    the deprecated cpu_offload/cpu_offload_param true mean device "cpu". meshplan does not model
-    ZeRO-Offload: planning the state on the GPU would call a fitting config infeasible."""
+    the deprecated cpu_offload/cpu_offload_param true mean device "cpu". meshplan models ZeRO-Offload
+    of the optimizer to the CPU only (meshplan.memory.offload, tests/test_offload.py): NVMe and
+    parameter offload are refused naming the key (before: every offload was, the CPU optimizer too)."""
     d = json.loads(DS.read_text())
     d["zero_optimization"] |= zero
     with pytest.raises(ConfigError) as e:
         load_any(_write(tmp_path, "o.json", json.dumps(d)), opts=DSOPTS)
     assert e.value.field == key
-    assert e.value.message.startswith(f"device {device}: " if device else "meshplan does not model ZeRO-Offload")
-    assert e.value.message.endswith("to plan the GPU-resident equivalent")
+    assert e.value.message.startswith(f"device {device}: " if device else "meshplan models ZeRO-Offload to the CPU only")
+
+
+@pytest.mark.parametrize("zero", [{"offload_optimizer": {"device": "cpu", "pin_memory": True}}, {"cpu_offload": True}])
+def test_deepspeed_cpu_optimizer_offload_is_read(tmp_path, zero):
+    """The CPU optimizer (device "cpu", or the deprecated cpu_offload true) is read into
+    training.offload_optimizer = "cpu" at this config's stage 2, and its device keys are not listed unused;
+    pin_memory is (timed as pinned either way, it is carried as the user's key)."""
+    d = json.loads(DS.read_text())
+    d["zero_optimization"] |= zero
+    cfg = load_any(_write(tmp_path, "c.json", json.dumps(d)), opts=DSOPTS)
+    assert (cfg.training.sharding, cfg.training.offload_optimizer) == ("zero2", "cpu")
+    assert "offload_optimizer.device" not in cfg.notes[-1] and "cpu_offload" not in cfg.notes[-1]
+    assert ("zero_optimization.offload_optimizer.pin_memory" in cfg.notes[-1]) == ("offload_optimizer" in zero)
 
 
 def test_deepspeed_offload_to_device_none_is_planned(tmp_path):
+    """Device "none" and false booleans offload nothing: the GPU-resident plan; the device keys are read
+    (they decide training.offload_optimizer), no longer listed unused."""
     d = json.loads(DS.read_text())
     d["zero_optimization"] |= {"offload_optimizer": {"device": "none"}, "offload_param": {},
                                "cpu_offload": False, "cpu_offload_param": False}
     cfg = load_any(_write(tmp_path, "n.json", json.dumps(d)), opts=DSOPTS)
-    assert cfg.training.sharding == "zero2"
-    assert "zero_optimization.offload_optimizer.device" in cfg.notes[-1]  # read, not used: it changes nothing
+    assert (cfg.training.sharding, cfg.training.offload_optimizer) == ("zero2", "none")
+    assert "zero_optimization.offload_optimizer.device" not in cfg.notes[-1]
 
 
 def test_deepspeed_config_searches_only_meshes_deepspeed_runs():

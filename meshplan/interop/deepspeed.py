@@ -34,7 +34,8 @@ deepspeed`` can write; a note says so, and widening ``[search]`` in an imported 
 beyond it.
 
 The ZeRO knobs of stages 1, 2 and 3 (buckets, streams, gradient dtypes, ZeRO-3's prefetch) and
-the refused offload and ZeRO++ hpZ are read by :mod:`meshplan.interop.deepspeed_zero`; the writer (``export
+ZeRO++ hpZ are read by :mod:`meshplan.interop.deepspeed_zero`, ZeRO-Offload by
+:mod:`meshplan.interop.deepspeed_offload`; the writer (``export
 --to deepspeed``) is :mod:`meshplan.interop.deepspeed_write`, and what it carries of the user's
 own file :mod:`meshplan.interop.deepspeed_carry`.
 
@@ -73,13 +74,13 @@ from meshplan.interop.deepspeed_auto import (
     model_code,
     runs_hf_trainer,
 )
+from meshplan.interop.deepspeed_offload import offload_training, refuse_offload
 from meshplan.interop.deepspeed_zero import (
     ZERO3_USED,
     ZERO12_USED,
     bf16_optimizer_training,
     bucket_elements,
     prefetch_memory,
-    refuse_offload,
     runs_bf16_optimizer,
     sub_group_note,
     zero3_training,
@@ -288,7 +289,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
 def _check_config(d: dict, opts: ImportOptions) -> str:
     """The model option (a catalog name or a config.json path); refuse what cannot be planned before reading ``d``: no ``--model`` or ``--seq-len`` (a DeepSpeed
     config holds neither), a misspelt DeepSpeed key or field (a near miss of one meshplan reads),
-    an offloaded ZeRO state (:func:`~meshplan.interop.deepspeed_zero.refuse_offload`)."""
+    an offloaded ZeRO state (:func:`~meshplan.interop.deepspeed_offload.refuse_offload`)."""
     if not opts.model:
         raise ConfigError("--model", "a DeepSpeed config does not name the model; give --model CATALOG_NAME or a "
                           "config.json path")
@@ -320,6 +321,7 @@ def _engine_training(d: dict, stage: int, dtype: str, bf16_opt: bool, notes: lis
         training["zero0_engine"] = "deepspeed"
     elif stage in (1, 2):
         training |= zero12_training(d, dtype)
+    training |= offload_training(zero_section(d), stage, notes)  # ZeRO-Offload (memory.offload)
     if stage == 3:
         training |= zero3_training(d, dtype) | {"zero3_engine": "deepspeed"}
         notes.append("ZeRO stage 3 planned as DeepSpeed >= v0.5.5 runs it (training.zero3_engine = \"deepspeed\": "

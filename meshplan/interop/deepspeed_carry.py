@@ -15,10 +15,11 @@ from meshplan.interop.deepspeed_zero import ZERO3_USED, ZERO12_USED
 
 def read_keys(doc: dict) -> set[str]:
     """The keys :func:`meshplan.interop.deepspeed.read` reads in a DeepSpeed config of ``doc``'s
-    ZeRO stage (an ``activation_checkpointing`` section is read by its presence: :func:`carried`).
+    ZeRO stage (an ``activation_checkpointing`` section is read by its presence: :func:`carried`; the
+    offload devices at every ZeRO stage since ZeRO-Offload is read: :mod:`meshplan.interop.deepspeed_offload`).
 
     >>> sorted(read_keys({"zero_optimization": {"stage": 1}}) - read_keys({}))
-    ['communication_data_type', 'data_types.grad_accum_dtype', 'zero_optimization.contiguous_gradients', 'zero_optimization.overlap_comm', 'zero_optimization.reduce_bucket_size', 'zero_optimization.use_multi_rank_bucket_allreduce']
+    ['communication_data_type', 'data_types.grad_accum_dtype', 'zero_optimization.contiguous_gradients', 'zero_optimization.cpu_offload', 'zero_optimization.offload_optimizer.device', 'zero_optimization.offload_param.device', 'zero_optimization.overlap_comm', 'zero_optimization.reduce_bucket_size', 'zero_optimization.use_multi_rank_bucket_allreduce']
     """
     zero = doc.get("zero_optimization")
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0

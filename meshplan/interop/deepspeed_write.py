@@ -66,6 +66,8 @@ def write(cfg: Config) -> dict[str, Any]:
             {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {}) | (
             {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})
         zero |= {k: getattr(t, k) for k in zeropp_keys_set(t)}  # ZeRO++, as read (deepspeed_zeropp.zeropp_training)
+    if t.offload_optimizer == "cpu":  # ZeRO-Offload, as deepspeed_offload.offload_training reads it
+        zero["offload_optimizer"] = {"device": "cpu"}  # pin_memory: DeepSpeed's default true, or the user's, carried
     if (stage in (1, 2) and t.grad_reduce_dtype is not None) or (stage in (1, 2, 3)
                                                                and t.gradient_reduce_dtype != t.param_dtype):
         comm["communication_data_type"] = t.gradient_reduce_dtype  # DeepSpeed's unset is the model's dtype

@@ -74,12 +74,8 @@ of the one computed (:func:`meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes
 again within it (:func:`meshplan.spec.deepspeed_reuse.reuse_kept`; the step's backward gathers and
 the memory timeline's kept bytes: :func:`meshplan.memory.deepspeed_fetch.deepspeed_reuse`).
 
-Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
-``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and
-their deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` when true (zero/config.py maps
-them to device ``cpu``). meshplan models neither the CPU optimizer step nor the PCIe/NVMe traffic,
-and planning the state as GPU-resident would report a fitting config infeasible: the error names
-the key; removing it plans the GPU-resident equivalent.
+ZeRO-Offload's keys (``offload_optimizer``, ``offload_param`` and their booleans) are read, or refused
+by name, by :mod:`meshplan.interop.deepspeed_offload`.
 
 ZeRO++'s keys (``zero_hpz_partition_size``, ``zero_quantized_weights``, ``zero_quantized_gradients``)
 are read at stage 3 by :mod:`meshplan.interop.deepspeed_zeropp`.
@@ -90,17 +86,18 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from meshplan.errors import ConfigError
+from meshplan.interop.deepspeed_offload import OFFLOAD_USED, offload_training
 from meshplan.interop.deepspeed_zeropp import zeropp_training
 from meshplan.limits import BOUNDS
 from meshplan.spec.deepspeed_memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, DEEPSPEED_SUB_GROUP_ELEMENTS
 from meshplan.spec.training_fields import deepspeed_grad_dtype
 
 #: The keys ZeRO stages 1 and 2 read besides :data:`meshplan.interop.deepspeed.USED` (module docstring).
-ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",
+ZERO12_USED = OFFLOAD_USED | frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",
                          "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type",
                          "zero_optimization.contiguous_gradients"})
 #: The keys ZeRO stage 3 reads besides :data:`meshplan.interop.deepspeed.USED` (module docstring).
-ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
+ZERO3_USED = OFFLOAD_USED | frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
                         "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"}) | {
     f"zero_optimization.{k}" for k in ("stage3_prefetch_bucket_size", "prefetch_bucket_size",
                                        "stage3_max_live_parameters", "max_live_parameters",
@@ -178,12 +175,19 @@ def runs_bf16_optimizer(d: dict, stage: int, dtype: str) -> bool:
     """Whether DeepSpeed's engine runs ``BF16_Optimizer`` for config ``d`` at ZeRO ``stage`` with
     the model in ``dtype``: bf16 at stage 0, or at stage 1 with ``data_types.grad_accum_dtype``
     fp32 (microsoft/DeepSpeed 38327e0 ``runtime/engine.py:1316-1348`` ``_do_optimizer_sanity_check``;
-    v0.6.5 8164ea9 ``engine.py:1111-1146``: bf16 without ZeRO).
+    v0.6.5 8164ea9 ``engine.py:1111-1146``: bf16 without ZeRO), not at stage 1 with the optimizer
+    offloaded to the CPU (edaa722 ``engine.py:1994-1997``: ``and not self.zero_cpu_offload()``, ZeRO's
+    own optimizer then).
 
     >>> runs_bf16_optimizer({}, 0, "bf16"), runs_bf16_optimizer({}, 1, "bf16"), runs_bf16_optimizer({}, 0, "fp16")
     (True, False, False)
+    >>> fp32 = {"data_types": {"grad_accum_dtype": "fp32"}}
+    >>> runs_bf16_optimizer(fp32, 1, "bf16"), runs_bf16_optimizer(fp32 | {"zero_optimization": {"cpu_offload": True}}, 1, "bf16")
+    (True, False)
     """
-    return dtype == "bf16" and (stage == 0 or stage == 1 and _accum_dtype(d) == "fp32")
+    zero = d.get("zero_optimization")
+    offload = isinstance(zero, dict) and bool(offload_training(zero, 1, []))
+    return dtype == "bf16" and (stage == 0 or stage == 1 and _accum_dtype(d) == "fp32" and not offload)
 
 
 def bf16_optimizer_training(d: dict, dtype: str) -> dict[str, Any]:
@@ -354,30 +358,6 @@ def zero_section(d: dict) -> dict:
         old = " (DeepSpeed's deprecated boolean form: write {\"stage\": 1} for true)" if isinstance(zero, bool) else ""
         raise ConfigError("zero_optimization", f"{zero!r}: give a JSON object of ZeRO keys, {{\"stage\": N, ...}}{old}")
     return zero
-
-
-def refuse_offload(zero: Any) -> None:
-    """ConfigError naming the first offload key of ``zero`` (the ``zero_optimization`` table)
-    that moves state off the GPU (module docstring).
-
-    >>> refuse_offload({"offload_param": {"device": "none"}, "offload_optimizer": {}, "cpu_offload": False})
-    >>> refuse_offload({"cpu_offload": True})
-    Traceback (most recent call last):
-    meshplan.errors.ConfigError: zero_optimization.cpu_offload: meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it (or set false) to plan the GPU-resident equivalent
-    """
-    if not isinstance(zero, dict):
-        return
-    fix = "meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it"
-    for key in ("offload_optimizer", "offload_param"):
-        table = zero.get(key)
-        device = table.get("device", "none") if isinstance(table, dict) else table
-        if device is not None and device != "none":
-            raise ConfigError(f"zero_optimization.{key}", f"device {device!r}: {fix} (or set its device to "
-                              f"\"none\") to plan the GPU-resident equivalent")
-    for key in ("cpu_offload", "cpu_offload_param"):  # deprecated booleans: true means device "cpu"
-        if zero.get(key):
-            raise ConfigError(f"zero_optimization.{key}", f"{fix} (or set false) to plan the GPU-resident equivalent")
-
 
 
 def sub_group_note(zero: dict) -> str:

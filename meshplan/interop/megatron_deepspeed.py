@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from meshplan.errors import ConfigError
+from meshplan.interop.deepspeed_offload import refuse_offload
 from meshplan.interop.deepspeed_partition import pipe_split
 from meshplan.interop.deepspeed_zero import (bf16_optimizer_training, bucket_elements, prefetch_memory,
-                                             refuse_offload, runs_bf16_optimizer, zero3_training, zero12_training,
-                                             zero_stage)
+                                             runs_bf16_optimizer, zero3_training, zero12_training, zero_stage)
 
 #: The flags of this module that :mod:`meshplan.interop.megatron` reads.
 FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--no-pipeline-parallel", "--pp-partition-method")
@@ -124,7 +124,7 @@ def ds_tables(d: dict, stage: int, dtype: str, micro: Optional[int]) -> tuple[di
     ({'zero12_engine': 'deepspeed', 'grad_dtype': 'bf16', 'grad_reduce_dtype': 'fp32'}, {'grad_bucket_elements': 200000000}, 2)
     """
     zero = d.get("zero_optimization", {})
-    refuse_offload(zero)
+    refuse_offload(zero, optimizer_cpu=False)  # this reader does not read ZeRO-Offload
     training, memory = {}, {}
     if runs_bf16_optimizer(d, stage, dtype):  # BF16_Optimizer (bf16_optimizer_keys)
         training = bf16_optimizer_training(d, dtype)

@@ -25,6 +25,7 @@ from meshplan.memory.buffers import bf16_lp_grad_bytes, bf16_step_bucket_bytes, 
 from meshplan.memory.deepep_buffers import BufferBytes, entry as deepep_entry, rank_buffer
 from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
 from meshplan.memory.userbuffers import entry as ub_entry
+from meshplan.memory.offload import gpu_staging_entries
 from meshplan.memory import te_fp8
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
@@ -189,5 +190,6 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         layer_recompute={i: training.layer_policy(ck) for i, ck in checkpointed.items()}
         if training.per_layer_recompute else None,
         init=init_entries(state, fsdp, comm_axes, opts, training, origin, mesh.layout.names, deepep)
-        + ub_entry(model, training, mesh) + te_fp8.cache_entry(state.params.fp8_params, training, cuda_sm),
+        + ub_entry(model, training, mesh) + te_fp8.cache_entry(state.params.fp8_params, training, cuda_sm)
+        + gpu_staging_entries(model, training, mesh),
         step=step_entries(state, training, opts, fsdp_grads), batch_mask=batch_mask_bytes(training, mesh, k))

@@ -80,6 +80,7 @@ from meshplan.spec.model import ModelSpec, Tensor
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.memory import te_fp8
+from meshplan.memory.offload import gpu_offloaded_kinds
 from meshplan.units import dtype_bytes
 
 FRAMEWORK_LABEL = "framework accounting (explicit dtypes)"
@@ -270,6 +271,10 @@ class StateBytes:
 
 
 def _bytes_per_element(kind: str, training: TrainingSpec) -> int:
+    """Bytes per element of ``kind`` on the GPU: 0 for a kind ZeRO-Offload keeps on the host
+    (:func:`meshplan.memory.offload.gpu_offloaded_kinds`; there: :mod:`meshplan.memory.offload_host`)."""
+    if kind in gpu_offloaded_kinds(training):
+        return 0
     if kind == "params":
         return dtype_bytes(training.param_dtype)
     if kind == "grads":

@@ -1,7 +1,8 @@
 """What each stage does after its last pipeline unit (:func:`stage_end`): the later schedule
 runs, Megatron-LM 2022's p2p calls' host syncs (:func:`megatron_p2p_syncs_s`), the per-step
 gradient reduction when not overlapped, the replicated KV heads'
-all-reduces, the optimizer step (:func:`_optimizer_s`), torchao's float8 amax precompute and
+all-reduces, the optimizer step (:func:`_optimizer_s`; under ZeRO-Offload the host step and its copies,
+:func:`meshplan.schedule.offload_step.offload_steps`), torchao's float8 amax precompute and
 its all-reduces (:func:`float8_precompute_s`), Transformer Engine's fp8 weight casts under
 Megatron-LM (:func:`te_fp8_cast_s`), and the ZeRO-1/2 parameter all-gather
 (:func:`param_gather_exposed_s`), each a step-end event with its exposure.
@@ -22,6 +23,7 @@ from meshplan.mesh.layers import last_stage
 from meshplan.mesh.tpsplit import KV_REPLICA, local_numel
 from meshplan.pipeline.simulate import Event
 from meshplan.plan import table_key, table_stage
+from meshplan.schedule.offload_step import offload_steps
 from meshplan.schedule.optimizer_step import optimizer_step_s
 from meshplan.schedule.pipeline_exposure import stage_run_end
 from meshplan.schedule.comm_streams import step_stream
@@ -151,7 +153,8 @@ def stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0
               for stream, dur, op in comm.reduce_parts(step_end_reduce_s(comm, ov.grad_reduce), per_step=True)]
     # replicated KV heads: one all-reduce per layer of the reduced K/V gradients, before the optimizer
     steps += [(f"kv replica all-reduce {i}", comm.kv_s, KV_REPLICA) for i in range(comm.kv_calls)]
-    steps.append(("optimizer step", _optimizer_s(plan, s, memo), "compute"))
+    # ZeRO-Offload: the host's step and its PCIe copies in place of the GPU's (schedule.offload_step)
+    steps += offload_steps(plan, s, mine) or [("optimizer step", _optimizer_s(plan, s, memo), "compute")]
     steps.append(("float8 weight amax (precompute)", float8_precompute_s(plan, s), "compute"))
     steps.append(("TE fp8 weight casts (once per step)", te_fp8_cast_s(plan, s), "compute"))
     steps.append(("float8 amax all-reduce (precompute)", comm.float8_step_s, "fsdp"))

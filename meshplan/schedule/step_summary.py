@@ -21,6 +21,7 @@ from meshplan.pipeline.trace import write_trace
 from meshplan.schedule.contention_line import contention_line
 from meshplan.schedule.fsdp_waits import WAITS_BUSY, fsdp_wait_line, pipeline_without_fsdp_waits
 from meshplan.schedule.host_pace_line import host_not_binding
+from meshplan.schedule.offload_step import offload_line
 from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, stage_bubble
 from meshplan.schedule.stage_balance import closed_form, imbalance_clause, uniform_line
 from meshplan.schedule.unit_times import UnitTimes
@@ -329,7 +330,7 @@ class StepTime:
         return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
                 f"critical stage {self.critical_stage}" + (f"; mesh {self.mesh_text}" if self.mesh_text else "")] + \
             bubble + fsdp_wait_line(self) + uniform_line(p.spec) + [
-                f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + self.host_line() + other + [
+                f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + self.host_line() + offload_line(self) + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "

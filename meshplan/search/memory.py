@@ -23,6 +23,7 @@ from meshplan.config import Config
 from meshplan.memory.deepep_buffers import rank_buffer
 from meshplan.memory import te_fp8
 from meshplan.memory.workingset import head_sizes, layer_act_sizes
+from meshplan.memory.offload import gpu_offloaded_kinds
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.layers import balanced_split, ends_short_split, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
@@ -282,8 +283,9 @@ def _ceil_div(a, b):
 
 def _kind_bytes(t) -> dict[str, int]:
     """Bytes per element of each state kind (:mod:`meshplan.memory.state`)."""
-    return {"params": dtype_bytes(t.param_dtype), "grads": dtype_bytes(t.grad_dtype),
-            "master": t.master_bytes, "optimizer": t.optimizer_states * dtype_bytes(t.optimizer_dtype)}
+    per = {"params": dtype_bytes(t.param_dtype), "grads": dtype_bytes(t.grad_dtype),
+           "master": t.master_bytes, "optimizer": t.optimizer_states * dtype_bytes(t.optimizer_dtype)}
+    return {k: 0 if k in gpu_offloaded_kinds(t) else b for k, b in per.items()}  # ZeRO-Offload: on the host
 
 
 def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, np.ndarray]:

@@ -249,7 +249,10 @@ class NodeSpec(BaseModel):
     rate (``p2p``, ``nic1`` and ``a2a`` fall back to ``nic``, an op without its own curve to its class's). ``nvlinks_per_gpu``: NVLinks of one GPU,
     as ``nvidia-smi topo -m`` prints them between two GPUs of an NVSwitch node (``NV18`` on
     H100); 0 when not stated. A ``--topology`` keeps the ``nvlink``/``nvls`` curves only when
-    its GPU-GPU links match it (:func:`meshplan.placement.topology_node.nvlink_difference`)."""
+    its GPU-GPU links match it (:func:`meshplan.placement.topology_node.nvlink_difference`).
+    ``host_memory_gb``: the node's CPU memory (GB = 1e9 B) from its datasheet, which DeepSpeed's
+    ZeRO-Offload fills (:mod:`meshplan.memory.offload`); None when not stated (offload then
+    refuses the node by name)."""
 
     model_config = _STRICT
     name: Name
@@ -261,6 +264,7 @@ class NodeSpec(BaseModel):
     nvlink_domain_gpus: int = Field(default=0, ge=0, le=MAX_WORLD)
     nvlinks_per_gpu: int = Field(default=0, ge=0, le=_le("nvlinks_per_gpu"))
     busbw: dict[CurveKey, BusbwCurve] = Field(default_factory=dict)
+    host_memory_gb: Optional[float] = Field(default=None, gt=0, le=1e6)
     source: Text = ""
 
     @model_validator(mode="after")

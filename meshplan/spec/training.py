@@ -178,6 +178,11 @@ class TrainingSpec(TrainingChecks):
     side stream under ``overlap_comm`` and the default (compute) stream without it, where every
     gather and reduce-scatter blocks the compute
     (:func:`meshplan.schedule.overlap_policy.config_overlap`).
+    ``offload_optimizer`` (DeepSpeed's ZeRO-1/2/3 engines): ``cpu`` is DeepSpeed's
+    ``zero_optimization.offload_optimizer.device = "cpu"`` (ZeRO-Offload): the fp32 master
+    weights, Adam's moments and the fp32 gradient partition live in pinned host memory, the step
+    runs DeepSpeedCPUAdam on the host and copies the updated 16-bit partition back
+    (:mod:`meshplan.memory.offload`); ``none`` (default) keeps them on the GPU.
     ``overlap_grad_reduce``, ``overlap_param_gather`` (``framework = "megatron"``, sharding ``none``
     or ``zero1`` under ``zero12_engine = "megatron"``: Megatron-LM's DDP buffers): its
     ``--overlap-grad-reduce`` and ``--overlap-param-gather`` (default off). ``overlap_grad_reduce``

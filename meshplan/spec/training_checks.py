@@ -263,6 +263,12 @@ class TrainingChecks(TrainingPrecision):
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")
+        if self.offload_optimizer != "none" and not (self.deepspeed_zero12 or self.zero3_engine != "fsdp2") \
+                or self.offload_optimizer != "none" and self.optimizer == "sgd":
+            raise ValueError(f"offload_optimizer {self.offload_optimizer!r} is DeepSpeed's zero_optimization."
+                             "offload_optimizer with DeepSpeedCPUAdam (sharding zero1/zero2 with zero12_engine = "
+                             "\"deepspeed\", or zero3 with a DeepSpeed zero3_engine; optimizer adam or adamw): set "
+                             "them or remove the key")
         if self.overlap_comm and self.zero12_engine != "deepspeed" and self.zero3_engine != "deepspeed":
             raise ValueError("overlap_comm is DeepSpeed's zero_optimization.overlap_comm (sharding zero1 or zero2 with "
                              "zero12_engine = \"deepspeed\", or zero3 with zero3_engine = \"deepspeed\"): set the "

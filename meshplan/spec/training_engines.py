@@ -279,7 +279,7 @@ class TrainingEngines(TrainingRecompute):
         (True, False)
         """
         return (self.sharding == "zero1" and self.zero12_engine == "deepspeed" and self.param_dtype == "bf16"
-                and self.grad_dtype == "fp32")
+                and self.grad_dtype == "fp32" and self.offload_optimizer == "none")  # offloaded: ZeRO's (engine.py:1994-1997)
 
     @property
     def megatron_deepspeed(self) -> bool:

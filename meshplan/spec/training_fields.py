@@ -143,6 +143,7 @@ class TrainingFields(BaseModel):
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
     zero0_engine: Literal["ddp", "deepspeed"] = "ddp"
     overlap_comm: Optional[bool] = None
+    offload_optimizer: Literal["none", "cpu"] = "none"  # DeepSpeed ZeRO-Offload: meshplan.memory.offload
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     megatron_fsdp: bool = False
