@@ -182,7 +182,7 @@ def _fsdp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndar
     out = {}
     # each weight in its gather dtype (training.gather_dtype: float8 Linear weights under
     # fp8_all_gather), as the collective table sizes the unit's all-gather
-    # (``_nic``: each call's NIC seconds, TimeTables._nic: what FSDP2's two queues share, layer_bounds._cores)
+    # (``_nic``: each call's NIC seconds, TimeTables._nic: what FSDP2's two queues share, layer_bounds._fsdp_backward)
     gathered = _padded_unit(tt.tables, c, gather=True)
     out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, gathered, c.tp), 0.0)
     out["fsdp_ag_nic"] = np.where(on, coll_nic_s(tt, "all-gather", c.fsdp, gathered, c.tp), 0.0)
