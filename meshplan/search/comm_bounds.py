@@ -24,7 +24,7 @@ from meshplan.mesh.tpsplit import expert_shard_dim, experts_apart_degrees, local
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.search.memory import Tables, lookup, split
 from meshplan.search.space import SHARDING, Candidates
-from meshplan.search.time_tables import TimeTables, coll_times
+from meshplan.search.time_tables import TimeTables, coll_nic_s, coll_times
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.cp import kv_elements, ring_shift_bytes
 from meshplan.spec.axes.ep import moe_mlp_blocks_tp
@@ -178,7 +178,8 @@ def _fsdp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndar
     zero3 or hsdp): a dense layer unit's all-gather (``fsdp_ag``) and reduce-scatter
     (``fsdp_rs``), the ``[norm, output]`` unit's (``head_rs``, ``head_ag``), HSDP's all-reduce
     over dp_replicate (``hsdp_ar``) and the routed experts' unit's all-gather over efsdp
-    (``efsdp_ag``)."""
+    (``efsdp_ag``); ``fsdp_ag_nic``, ``fsdp_rs_nic``, ``head_rs_nic``: the NIC seconds of the first three
+    (:func:`~meshplan.search.time_tables.coll_nic_s`)."""
     m, t = cfg.model, cfg.training
     cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.fsdp_reduce_dtype)  # the table's FSDP dtypes
     on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
@@ -186,13 +187,17 @@ def _fsdp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndar
     out = {}
     # each weight in its gather dtype (training.gather_dtype: float8 Linear weights under
     # fp8_all_gather), as the collective table sizes the unit's all-gather
-    out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, _padded_unit(tt.tables, c, gather=True), c.tp),
-                              0.0)
+    # (``_nic``: each call's NIC seconds, TimeTables._nic: what FSDP2's two queues share, layer_bounds._fsdp_backward)
+    gathered = _padded_unit(tt.tables, c, gather=True)
+    out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, gathered, c.tp), 0.0)
+    out["fsdp_ag_nic"] = np.where(on, coll_nic_s(tt, "all-gather", c.fsdp, gathered, c.tp), 0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
+    out["fsdp_rs_nic"] = np.where(on, coll_nic_s(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
     # the [norm, output] unit's reduce-scatter (unpadded elements: never above the table's; the
     # output layer counted, a tied one being its own unit only under pp)
     head = lookup([c.tp], lambda tp: {"n": sum(tt.tables.roots(tp)[1:3])}, ("n",))["n"]
     out["head_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, head * rd, c.tp), 0.0)
+    out["head_rs_nic"] = np.where(on, coll_nic_s(tt, "reduce-scatter", c.fsdp, head * rd, c.tp), 0.0)
     # its all-gather, each weight in its gather dtype (unpadded: never above the table's), which
     # training.reshard_head_after_forward runs again before each backward (gather_passes.head_regathers)
     head_g = lookup([c.tp], lambda tp: {"b": sum(tt.tables.roots_gather(tp)[k] for k in ("norm", "out"))}, ("b",))["b"]
@@ -203,7 +208,7 @@ def _fsdp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndar
         # ZeRO++ (comm.zeropp_rows) moves the zero3 rows' gathers and reductions onto other groups and
         # dtypes: their seconds here are no lower bound of its, so none is counted (a looser bound)
         z3 = (c.sh == SHARDING.index("zero3")) & (hpz | bool(zeropp_keys_set(t)))
-        for k in ("fsdp_ag", "fsdp_rs", "head_rs", "head_ag"):
+        for k in ("fsdp_ag", "fsdp_rs", "head_rs", "head_ag", "fsdp_ag_nic", "fsdp_rs_nic", "head_rs_nic"):
             out[k] = np.where(z3, 0.0, out[k])
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
                               coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)

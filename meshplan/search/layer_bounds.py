@@ -17,6 +17,7 @@ from meshplan.search.comm_bounds import comm_times, fsdp_copies
 from meshplan.search.gather_passes import (deepspeed_backward_shares, expert_gathers, head_regathers, head_unit_apart,
                                            gathering_passes)
 from meshplan.search.memory import Stages, split
+from meshplan.search.nic_bounds import two_queues_s
 from meshplan.search.columns import bound_recompute
 # chains: the tests import it from here too, where it lived before layer_chains
 from meshplan.search.layer_chains import chains, layer_ops, stage_chains  # noqa: F401
@@ -41,7 +42,8 @@ class _Terms:
     under accumulation, ``lazy``), the experts' first gather ``e_ag``, DeepSpeed's backward shares
     (``ds_tot``, ``ds_1``), the head's backward off its chunk's first gather at pp 1 (``hb1``), the
     head's reduce-scatter ``head_rs`` and the reductions a last gradient unit waits for (``waits``,
-    ``rs_p``, ``ar_p``, ``rs_wait``); (candidates, 1) unless said."""
+    ``rs_p``, ``ar_p``, ``rs_wait``); ``ag_nic``, ``rs_nic``, ``head_rs_nic``: the NIC seconds of ``ag_b``,
+    ``rs`` and ``head_rs`` (:func:`~meshplan.search.time_tables.coll_nic_s`); (candidates, 1) unless said."""
     c: Candidates
     cf: np.ndarray
     cb: np.ndarray
@@ -69,6 +71,9 @@ class _Terms:
     rs_p: np.ndarray
     ar_p: np.ndarray
     rs_wait: np.ndarray  # FSDP2 copy-ins wait for the previous reduce-scatter (bool; step_end_bound.fsdp2_rs_wait)
+    ag_nic: np.ndarray
+    rs_nic: np.ndarray
+    head_rs_nic: np.ndarray
 
     def replays_f(self, n, plus=0):
         """A chunk of n layers adds its replays' extra to n per-layer lower chains (``plus``: a chunk
@@ -182,7 +187,9 @@ def _terms(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dict, cp:
                   co=co, ci=ci, co_p=_col(np.where(lazy, cp["out"], 0.0)), ci_p=_col(np.where(lazy, cp["in"], 0.0)),
                   e_ci=moe_n * _col(np.where(lazy, 0.0, cp["e_in"])), e_ci_p=moe_n * _col(np.where(lazy, cp["e_in"], 0.0)),
                   hb1=hb1, head_rs=_col(cm["head_rs"]), waits=waits, rs_p=_col(cm["fsdp_rs"]),
-                  ar_p=_col(cm["hsdp_ar"]), rs_wait=_col(fsdp2_rs_wait(cfg, c)))
+                  ar_p=_col(cm["hsdp_ar"]), rs_wait=_col(fsdp2_rs_wait(cfg, c)),
+                  ag_nic=_col(np.where(lazy, 0.0, cm["fsdp_ag_nic"])) * keep,
+                  rs_nic=_col(np.where(lazy, 0.0, cm["fsdp_rs_nic"])), head_rs_nic=_col(cm["head_rs_nic"]))
 
 
 def _cores(t: _Terms, n, plus=0) -> dict[str, np.ndarray]:
@@ -190,14 +197,32 @@ def _cores(t: _Terms, n, plus=0) -> dict[str, np.ndarray]:
     bound is never lower); a chunk of none (the embedding or the output layer alone,
     stage_layers) has no layer term."""
     cf_c, cb_c = t.cf + t.co, t.cb + t.co * t.keep + t.ci
-    h_rs = t.head_rs * (t.hb1 > 0) * t.keep * (n >= 2)
     has = n >= 1
     nf_c, nb_c = n * cf_c + t.replays_f(n, plus), n * cb_c + t.replays_b(n, plus)
     return {"f_core": has * np.maximum(np.maximum(t.ag + nf_c, n * t.ag + cf_c), nf_c + _col(~t.lazy) * t.e_ag),
             "b_core": has * np.maximum(np.maximum(t.ag_b * t.ds_1 - t.hb1, 0.0) + nb_c + t.e_ci,
-                                       t.ds_n(n) * t.ag_b + np.maximum(n - 2, 0) * t.rs * t.keep + h_rs + cb_c - t.hb1),
+                                       _fsdp_backward(t, n) + cb_c - t.hb1),
             "b_red": has * (n * t.ci_p + t.e_ci_p),
             "b_wait": np.maximum(has * (n * t.ci_p + t.e_ci_p), t.waits * reduce_flow_shop_s(n, t.ci_p, t.rs_p, t.ar_p, t.rs_wait))}
+
+
+def _fsdp_backward(t: _Terms, n) -> np.ndarray:
+    """Seconds from a backward unit's start (less the head's backward, ``hb1``, beside its first gather)
+    before its last layer's chain can start, on the FSDP collectives it waits for (``n`` layers; a unit
+    that gathers and reduces every pass): the n all-gathers, the reduce-scatters of the first n - 2
+    layers backward and, where its unit comes first, the head's. One queue (Megatron
+    FSDP, DeepSpeed ZeRO-3): their sum. FSDP2 (``rs_wait``, ``Overlap.fsdp_rs_queue``): two streams
+    that run at once (torch 2.13 ``_fsdp_param_group.py`` lines 89-92), each serial, all done by then
+    (the layer before the last copies its gradient in after the reduce-scatter before it, one in
+    flight: :func:`~meshplan.schedule.grad_reduce.rs_buffer_wait`), sharing the NIC:
+    :func:`~meshplan.search.nic_bounds.two_queues_s`. The sum, taken for FSDP2 too before, was above
+    the timeline: Llama-3-70B's dp_shard 16 x tp 8 on 16 dgx-h100, resharded, no recompute, bound
+    1.43520 s against 1.43236 s simulated (tests/test_search_bound_holds.py)."""
+    head = (t.hb1 > 0) * t.keep * (n >= 2)
+    k = np.maximum(n - 2, 0) * t.keep
+    ag, rs = t.ds_n(n) * t.ag_b, k * t.rs + head * t.head_rs
+    two = two_queues_s([(t.ds_n(n), t.ag_b, t.ag_nic)], [(k, t.rs, t.rs_nic), (head, t.head_rs, t.head_rs_nic)])
+    return np.where(t.rs_wait, two, ag + rs)
 
 
 def _extra(t: _Terms, n, hb) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.comm.row import axis_path, path_time
+from meshplan.comm.row import CollectiveRow, axis_path, path_time
 from meshplan.compute.embed_head import embedding_cost, head_cost
 from meshplan.compute.layer import layer_costs
 from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
@@ -20,6 +20,7 @@ from meshplan.config import Config
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.placement.assign import place
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS
+from meshplan.schedule.row_shares import nic_share
 from meshplan.schedule.ring_timeline import cp_parts, step_seconds
 from meshplan.search.memory import Tables, lookup
 from meshplan.search.space import RECOMPUTE
@@ -53,6 +54,7 @@ class TimeTables:
         self.shape = lru_cache(maxsize=None)(self._shape)
         self.path = lru_cache(maxsize=None)(self._path)
         self.coll = lru_cache(maxsize=None)(self._coll)
+        self.nic = lru_cache(maxsize=None)(self._nic)
 
     def _shape(self, tp: int, cp: int, mb: int, ep: int, etp: int, layer: int) -> tuple[dict, dict]:
         """(layer ``layer``'s Cost by recompute policy of :data:`~meshplan.search.space.RECOMPUTE`,
@@ -116,12 +118,40 @@ class TimeTables:
             return 0.0
         return path_time(op, n, size, self.path(stride, n), self.cfg.cluster)[1]
 
+    def _nic(self, op: str, n: int, size: int, stride: int) -> float:
+        """NIC seconds of the call :meth:`_coll` times: its seconds x the share of a NIC it holds
+        alone (:func:`~meshplan.schedule.row_shares.nic_share` of the row the collective table builds:
+        the same path, algorithm and time), i.e. its bytes through the NIC at the line rate, at most
+        its seconds; 0 off the network. The rank timeline shares a NIC max-min among the network
+        collectives running (:mod:`meshplan.schedule.nic_fair`, each at ``min(1, share / demand)``
+        of its speed alone, the shares summing to at most 1), so collectives that all run inside
+        an interval fit in it only if it is at least the sum of their NIC seconds."""
+        if n <= 1 or size <= 0:
+            return 0.0
+        path = self.path(stride, n)
+        alg, t = path_time(op, n, size, path, self.cfg.cluster)
+        row = CollectiveRow(axis="axis", phase="", op=op, group_size=n, n_groups=1, example_ranks=(),
+                            size_bytes=float(size), dtype="", per_microbatch=0, per_step=0, cadence="", path=path,
+                            time_s=t, algorithm=alg)
+        return nic_share(row) * t
+
 
 def coll_times(tt: "TimeTables", op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
     """Seconds of one ``op`` per candidate: :func:`meshplan.comm.nccl_algorithms.collective_time` (the
     algorithm NCCL would pick, as the collective table times it) on the path of an axis of
     ``n`` ranks ``stride`` apart, once per distinct (n, size, stride)."""
+    return _per_call(tt.coll, op, n, size, stride)
+
+
+def coll_nic_s(tt: "TimeTables", op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """NIC seconds of one ``op`` per candidate (:meth:`TimeTables._nic`), at most
+    :func:`coll_times`' seconds, once per distinct (n, size, stride)."""
+    return _per_call(tt.nic, op, n, size, stride)
+
+
+def _per_call(fn, op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """``fn(op, n, size, stride)`` per candidate, once per distinct key; 0 where ``n <= 1`` or ``size <= 0``."""
     n, size = np.asarray(n, dtype=np.int64), np.asarray(size, dtype=np.int64)
     stride = np.broadcast_to(np.asarray(stride, dtype=np.int64), n.shape)
-    out = lookup([n, size, stride], lambda k, b, st: {"t": tt.coll(op, k, b, st)}, ("t",), dtype=np.float64)["t"]
+    out = lookup([n, size, stride], lambda k, b, st: {"t": fn(op, k, b, st)}, ("t",), dtype=np.float64)["t"]
     return np.where((n <= 1) | (size <= 0), 0.0, out)

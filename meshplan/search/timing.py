@@ -31,6 +31,10 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
 - a **unit** (one micro-batch through a chunk of n layers): ``max(AG + n chain,
   n AG + chain)`` forward, ``max(AG + n chain, n AG + (n-2) RS + chain)`` backward, where
   AG, RS are the FSDP all-gather and reduce-scatter of one layer, serial on their stream
+  (Megatron FSDP's and DeepSpeed's one queue; FSDP2's all-gathers and reduce-scatters run on two
+  streams at once, sharing the NIC: ``n AG + (n-2) RS`` is then the two queues' least time,
+  :func:`~meshplan.search.nic_bounds.two_queues_s`, through
+  :func:`~meshplan.search.layer_bounds._fsdp_backward`)
   (FSDP2 prefetches one layer; the layer waits for its gather; 0 with pp > 1, and with pp 1
   under ``training.grad_accumulation`` ``no_sync`` or ``no_sync_unsharded``, where a unit
   gathers only when it finds its chunk sharded and reduces once per step: those gathers are
