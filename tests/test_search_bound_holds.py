@@ -90,7 +90,9 @@ def test_the_bound_holds_on_every_candidate(name):
 def test_two_fsdp2_queues_share_the_nic():
     """Llama-3-70B, dp_shard 16 x tp 8 on 16 dgx-h100 (examples/llama3-70b_128xh100_dp16-tp8.toml),
     resharded after forward, no recompute, one micro-batch: exact step 1.43236 s, bound 1.43520 s on
-    main, now 1.38997 s (read from the model). The bound's backward took the FSDP collectives the last
+    main, now 1.38997 s (read from the model). Since nc52fixC the exact step also counts the NCCL
+    network rings' SM contention (16 of 132 SMs held beside each overlapped FSDP collective), which the
+    bound leaves out (it only adds time): 1.46442 s (read from the model; +32.06 ms), still above the bound. The bound's backward took the FSDP collectives the last
     layer waits for as one queue: 80 all-gathers of 4.306 ms, 78 reduce-scatters of 8.565 ms and the
     [norm, output] unit's of 10.505 ms, 1023.0 ms. FSDP2 issues the two on their own streams
     (``Overlap.fsdp_rs_queue``), so each layer's reduce-scatter runs beside the all-gather issued with
@@ -112,7 +114,7 @@ def test_two_fsdp2_queues_share_the_nic():
     cc = candidate_config(cfg, c, i)
     st = step_time(build_plan(cc, cons.Constraints((), cons.usable_bytes(cc.cluster, cc.training)), memory=False,
                               reports=False), Overlap())
-    assert round(st.step_s, 5) == 1.43236 and round(float(est.step_lo[i]), 5) == 1.38997
+    assert round(st.step_s, 5) == 1.46442 and round(float(est.step_lo[i]), 5) == 1.38997
     assert est.step_lo[i] <= st.step_s
     cm = {k: float(v[0]) for k, v in comm_times(cfg, TimeTables(cfg, Tables(cfg)), c.take(np.array([i]))).items()}
     ag, rs, head = cm["fsdp_ag"], cm["fsdp_rs"], cm["head_rs"]
