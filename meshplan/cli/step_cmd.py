@@ -29,7 +29,7 @@ from meshplan.cli.schedule_opt import layer_split, refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.routing import balance_note
-from meshplan.compute.table_use import as_json as table_json, table_use
+from meshplan.compute.table_use import as_json as table_json, gemm_shapes, table_use
 from meshplan.comm.calibration_notes import roce_note, uncalibrated_note
 from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination
@@ -81,7 +81,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                    "shape and dtype, before the catalog, never interpolated (for "
                                                    "interpolated points: bench gemm --grid with --kernels); a 'gemm "
                                                    "table:' line says how many of the plan's GEMM shapes it timed, a "
-                                                   "warning when none, or when measured on the CPU or another GPU"),
+                                                   "warning when none, or when measured on the CPU or another GPU; a "
+                                                   "row faster than the GPU's peak x max_gemm_fraction is refused, one "
+                                                   "under 1% of the shape model's rate or whose seconds and tflops "
+                                                   "disagree warned"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev, "
                                                                         "or torch.distributed.pipelining's name (1F1B, "
                                                                         "Interleaved1F1B, InterleavedZeroBubble = "
@@ -174,7 +177,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_doc(json_path, {**_calibrated(envelope("step", p, step_s=None), cal), "kernels": kd}, force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
-    use = table_use(plan_ops(p, table), table, p.config.cluster.gpu) if table is not None else None
+    ops = plan_ops(p, table) if table is not None or p.config.cluster.gpu.kernels else []
+    use = table_use(ops, table, p.config.cluster.gpu) if table is not None else None
+    kd = _kernels(p.config.cluster, gemm_shapes(ops)) if ops else kd  # a kernels file's points against them
     kd = _with_table(kd, use, p.config.cluster.gpu)
     unscheduled = schedule if schedule is not None and p.mesh.degree("pp") == 1 else None
     schedule = None if unscheduled else schedule  # pp 1: nothing to schedule (as --overlap-tp at tp 1)
