@@ -143,7 +143,9 @@ def gemm_efficiency(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16") -
 
 # Measured table -------------------------------------------------------------------------
 
-TABLE_COLUMNS = ("m", "n", "k", "dtype", "seconds", "tflops", "device", "torch")
+#: ``run_m`` (optional): the M the row was run at when ``bench gemm --max-elements`` scaled it
+#: down (seconds = the time measured at ``run_m`` x m / run_m); empty when run at m.
+TABLE_COLUMNS = ("m", "n", "k", "dtype", "seconds", "tflops", "device", "torch", "run_m")
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,8 @@ def _row(raw: dict, where: str, row: int = 0) -> Measurement:
         else:
             raise ConfigError(f"{where}.seconds", "give seconds (per call) or tflops")
         device, torch = _text(raw["device"]), _text(raw["torch"])
+        if raw.get("run_m") not in (None, "") and not 0 < _whole(raw["run_m"]) <= m:
+            raise ConfigError(f"{where}.run_m", f"{raw['run_m']} must be 1..m ({m}): the M a scaled-down row ran at")
     except (ValueError, KeyError, TypeError) as e:
         if isinstance(e, ConfigError):
             raise
