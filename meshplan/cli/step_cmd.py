@@ -369,12 +369,13 @@ def _print_links(p, st, step_fn) -> None:
           "dK/dV shift (send/recv) runs beside the SDPA step after it, whose end is its deadline, and each layer's "
           "last shift, waited for at once, is in the parts line's exposed cp; under Transformer Engine's p2p ring "
           "(Megatron-LM's) each K/V or dK/dV send/recv runs beside the attention step it precedes, whose end is its "
-          "deadline; a step row names the plan rows it stands for by their cadence, 'rows:')")
+          "deadline; a step row names the plan rows it stands for by their cadence, 'rows:'; 'one event for N "
+          "calls': a layer's SP norm-weight gradient all-reduces merged, duration their sum)")
     for t in timings(st):
         rows = step_rows(p, t)
         _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (rows: {rows})" if rows else "")
-              + (f"  (issued {t.issued})" if t.issued else ""))
+              + (f"  (issued {t.issued})" if t.issued else "") + _merged(t))
     if sends := p2p_calls(st):
         _echo(f"  not listed: pp send/recv between stages (stage 0 sends {sends} per schedule run): counted in the "
               f"parts line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)")
@@ -389,6 +390,14 @@ def _print_links(p, st, step_fn) -> None:
         _echo(f"  {spill_line(p, st, spill, step_fn)}")
     if other is not None:  # the stage whose links are loaded most (meshplan.schedule.stage_traffic)
         _print_edge_table(p, st, other[0], other[1], f"; {traffic_words(p, other[0])}")
+
+
+def _merged(t) -> str:
+    """A first-occurrence row's note where its event stands for several calls of the plan's table
+    (:attr:`~meshplan.schedule.linkload.Timing.calls`), with the time of one (nc54 #9)."""
+    if t.calls == 1.0:
+        return ""
+    return f"  (one event for {t.calls:.3g} calls, {t.duration_s / t.calls * 1e3:.4f} ms each)"
 
 
 def _print_edge_table(p, st, stage: int, loads: list, more: str) -> list:

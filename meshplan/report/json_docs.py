@@ -171,12 +171,14 @@ def _schedule(st) -> Optional[str]:
 
 
 def _timing(t, rows: str = "") -> dict[str, Any]:
-    """One readiness row (:class:`~meshplan.schedule.linkload.Timing`) with its slack; ``issued``
-    only where a per-step row goes out inside the last backward or after it; ``rows`` only on a
+    """One readiness row (:class:`~meshplan.schedule.linkload.Timing`) with its slack; ``calls``
+    only where the event merges several of the table's calls; ``issued`` only where a per-step row goes out inside the last backward or after it; ``rows`` only on a
     ``step`` row: the cadences of the plan rows it stands for (:func:`~meshplan.schedule.linkload.step_rows`)."""
     doc = dict(plain_data(t), slack_s=t.slack_s)
     if not doc["issued"]:
         del doc["issued"]
+    if doc["calls"] == 1.0:  # only where one event stands for several calls (Timing.calls)
+        del doc["calls"]
     return {**doc, "rows": rows} if rows else doc
 
 
@@ -284,7 +286,10 @@ def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str,
     world its stage reached, message, the world's own ``not_exercised`` lines,
     errors (the gated differences of the comparison, or the failure message), step time and
     peak memory predicted against measured (seconds, bytes; ``error`` = measured / predicted
-    - 1), and the evidence folder (``summary`` only on node 0, which writes it)."""
+    - 1), whether its measured times are ``reliable`` (the host's load, as its comparison.json's
+    ``host``: :func:`meshplan.runtime.validation.host.state`; null where the world never ran) and
+    ``unreliable_because`` (newcomer trial 54 #10: only comparison.json carried it), and the
+    evidence folder (``summary`` only on node 0, which writes it)."""
     worlds = []
     for r in results:
         comp = r.get("comparison") or {}
@@ -293,7 +298,9 @@ def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str,
         worlds.append({"world": r["world"], "ok": bool(r.get("ok")), "stage": r.get("stage"),
                        "message": r.get("message", ""), "errors": errors,
                        "not_exercised": [g["line"] for g in r.get("not_exercised", [])], "step_s": _pvm(rows, "step time"),
-                       "peak_memory_bytes": _pvm(rows, "peak memory"), "folder": f"{evidence}/world{r['world']}"})
+                       "peak_memory_bytes": _pvm(rows, "peak memory"), "folder": f"{evidence}/world{r['world']}",
+                       "reliable": r["host"].get("reliable") if r.get("host") else None,
+                       "unreliable_because": list(r["host"].get("why", [])) if r.get("host") else []})
     return envelope("validate", config=config, ok=code == 0, exit_code=code, node_rank=node_rank, evidence=evidence,
                     summary=f"{evidence}/summary.md" if node_rank == 0 else None, not_exercised=list(not_exercised),
                     worlds=worlds)
