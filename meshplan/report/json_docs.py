@@ -309,10 +309,11 @@ def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str,
 def validate_slice_doc(evidence_doc: dict[str, Any], code: int, evidence: str) -> dict[str, Any]:
     """``validate-slice``: the order verdict, the chosen mesh and each mesh's predicted and
     measured step (seconds; rank 1 = fastest), its role and why, and its own plan at full scale
-    (feasible, peak and usable bytes per rank, verdict line), from the evidence folder's ``slice.json``."""
+    (feasible, peak and usable bytes per rank, verdict line) and the axes whose groups cross nodes in
+    the slice and not at full scale (``slice_only_crossing``), from the evidence folder's ``slice.json``."""
     keep = ("name", "config", "ran", "message", "predicted_s", "measured_s", "error", "predicted_rank",
             "measured_rank", "collectives_match", "micro_batches", "folder", "role", "why", "full_feasible",
-            "full_peak_bytes", "full_usable_bytes", "full_verdict")
+            "full_peak_bytes", "full_usable_bytes", "full_verdict", "slice_only_crossing")
     return envelope("validate-slice", ok=code == 0, exit_code=code, testbed=evidence_doc["testbed"],
                     order_matches=evidence_doc["order_matches"], verdict=evidence_doc["verdict"],
                     chosen=evidence_doc["chosen"], global_batch=evidence_doc["global_batch"],
