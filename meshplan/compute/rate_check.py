@@ -6,8 +6,8 @@ rate, and no GEMM runs faster than the GPU's dense peak times its ceiling.
   throughput measured on that GPU (``gpus.toml``; 794.5 of 989.4 TFLOP/s bf16 on H100 SXM,
   stas00/ml-engineering, :mod:`meshplan.compute.gemm`). A rate above it is a unit slip (GFLOP/s
   written in a TFLOP/s column, microseconds in a seconds column) or another GPU's data, and would
-  time the step faster than the GPU can run. A margin of :data:`ABOVE_MARGIN` (2%) is allowed
-  for run-to-run noise over the catalog's measured best.
+  time the step faster than the GPU can run. A margin of :data:`ABOVE_MARGIN` (2%, a chosen
+  tolerance) is allowed over the catalog's measured best.
 - **Below** :data:`LOW_FRACTION` **(1%) of the shape model's rate at that shape: a warning.**
   The shape model (:func:`meshplan.compute.gemm.gemm_model`: tile and wave quantization, the
   memory roofline, the ceiling) is the datasheet's bound for the shape, so a small, memory-bound
@@ -32,11 +32,15 @@ from meshplan.errors import ConfigError
 from meshplan.spec.cluster import GPUSpec, KernelFile
 from meshplan.units import TFLOPS
 
-#: Rates below this fraction of the dense peak are warned (module docstring).
+#: Rates below this fraction of the shape model's rate at their shape are warned (module docstring;
+#: an input-check tolerance, the brief's "~1%", not a model constant).
 LOW_FRACTION = 0.01
-#: Allowed margin over ``peak * max_gemm_fraction`` before a rate is refused (run-to-run noise).
+#: Allowed margin over ``peak * max_gemm_fraction`` before a rate is refused: an input-check
+#: tolerance for a GPU measured a little above the catalog's best (clocks, run-to-run noise), not
+#: a model constant; no step time depends on it.
 ABOVE_MARGIN = 1.02
-#: Relative difference of a row's seconds and tflops above which it is warned.
+#: Relative difference of a row's seconds and tflops above which it is warned (a chosen tolerance:
+#: a unit slip is a factor 1000, rounding to 4 digits 0.05%).
 DISAGREE = 0.05
 
 
