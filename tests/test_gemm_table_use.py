@@ -39,10 +39,15 @@ def test_hand_derived_shapes_are_the_steps_lookups(tmp_path):
     assert use_warnings(u, gpu) == [f"--gemm-table {full.path} was measured on the CPU, not on the plan's "
                                     "h100-sxm5-80gb: its 14 GEMM shapes time that CPU's compute in this step; run "
                                     "`meshplan bench gemm CONFIG` on the GPU"]
-    two = load_gemm_table(_csv(tmp_path / "two.csv", FORWARD[:2], "bf16", device="NVIDIA H100 80GB HBM3"))
+    # 0.1 ms a call: wq 2 x 8192 x 1024 x 4096 / 1e-4 = 687.2 TFLOP/s, wk 171.8, under the ceiling
+    # (989.4 x 0.803 = 794.5) and above 1% of the shape model's rate (770.4 and 385.2 TFLOP/s:
+    # meshplan.compute.rate_check); 10 ms would be 100x under the model's: a warning since nc54 #2
+    two = load_gemm_table(_csv(tmp_path / "two.csv", FORWARD[:2], "bf16", device="NVIDIA H100 80GB HBM3",
+                               seconds=1e-4))
     u = table_use(plan_ops(p, two), two, gpu)
     assert (u.matched, u.sources) == (2, (("catalog", 12),)) and use_warnings(u, gpu) == []
-    a100 = load_gemm_table(_csv(tmp_path / "a100.csv", FORWARD[:2], "bf16", device="NVIDIA A100-SXM4-80GB"))
+    a100 = load_gemm_table(_csv(tmp_path / "a100.csv", FORWARD[:2], "bf16", device="NVIDIA A100-SXM4-80GB",
+                                seconds=1e-4))
     assert use_warnings(table_use(plan_ops(p, a100), a100, gpu), gpu) == [
         f"--gemm-table {a100.path} was measured on NVIDIA A100-SXM4-80GB, torch 2.13.0+cpu, which is not named as "
         "the plan's h100-sxm5-80gb (h100): its 2 GEMM shapes time that device in this step; run `meshplan bench "

@@ -77,7 +77,12 @@ def test_half_rate_fragment_adds_the_catalog_gemm_time_to_the_step(tmp_path, no_
         jsonschema.Draft202012Validator(schema_of("step")).validate(doc)
     frag = tmp_path / "half.toml"
     assert half["kernels"]["files"] == [{"path": str(frag), "source": "meshplan bench gemm on test GPU, torch x, 2026-12-04"}]
-    assert half["kernels"]["line"] == f"kernels: {frag} (meshplan bench gemm on test GPU, torch x, 2026-12-04)"
+    # since nc54 #14 the line counts the file's points against the plan's GEMM shapes: llama3-8b at tp 2
+    # has 6 forward shapes (wq, wk = wv, wo, w1 = w3, w2, output), 2 data-gradient shapes not among
+    # them and 6 weight-gradient ones (tests/test_gemm_table_use.py derives the 14 at tp 4); the
+    # fragment is the catalog's 21 H100 bf16 points halved
+    assert half["kernels"]["line"] == (f"kernels: {frag} (meshplan bench gemm on test GPU, torch x, 2026-12-04; bf16: "
+                                       "21 points for the plan's 14 bf16 GEMM shapes, in place of the catalog's 21)")
 
 
 def test_step_text_names_the_kernel_data(tmp_path, capsys):

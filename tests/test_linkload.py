@@ -104,8 +104,11 @@ def _timings_loop(st, stage=0):
             dl = opt
         else:
             dl = e.end_s
+        # a layer's SP norm-weight gradient all-reduces are one event of the table's calls per layer
+        # (nc54 #9; tests/test_nc54b_step_rows.py derives 161 / 80 for Llama-3-70B)
+        calls = st.units.comms[stage].async_calls if "norm-grad" in e.name else 1.0
         out.append(Timing(e.stream, phase, key[2], e.start_s, dl, e.end_s - e.start_s,
-                          "in the last backward" if inside else ""))
+                          "in the last backward" if inside else "", calls or 1.0))
     return out
 
 

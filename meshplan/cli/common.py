@@ -68,7 +68,9 @@ KERNELS_HELP = ("measured kernel table (kernels.toml form, as `meshplan bench ge
                 "/ `bench rank --kernels-out` write it) for the config's GPU, laid over the catalog's for this run: "
                 "its GEMM points replace the catalog's for each dtype it has, its attention rows come first, its "
                 "[host] table replaces eager DTensor TP's host pace (a file with a [host] table alone applies to any GPU); repeatable (later files over earlier ones), "
-                "after a config's [kernels] files; a line 'kernels: FILE (source)' names what was used")
+                "after a config's [kernels] files; a line 'kernels: FILE (source; bf16: N points ...)' names what was used "
+                "and how many points replace the catalog's; a point (TFLOP/s) above the GPU's peak x max_gemm_fraction "
+                "is refused, one under 1% of the shape model's rate warned")
 
 
 # Shared by plan, report, step, reliability, compare (both configs) and search: the measured kernels they time with.

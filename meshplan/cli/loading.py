@@ -18,6 +18,7 @@ from meshplan.comm.calibrate_nics import config_nic_warning
 from meshplan.comm.calibration import apply_calibration, load_calibrations
 from meshplan.comm.calibration_notes import calibration_doc
 from meshplan.compute.kernel_fragment import kernels_line, with_kernel_files
+from meshplan.compute.rate_check import kernel_file_rates
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.file_words import file_error
@@ -79,14 +80,14 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
     NCCL topology XML), its links by ``calibration`` (:func:`apply_calibration`) and its GPU's
     kernel data laid over by the config's [kernels] files, then ``kernels`` (``--kernels``,
     :func:`~meshplan.compute.kernel_fragment.with_kernel_files`; a warning line for a file
-    measured on the CPU); ``cfg`` itself when none is given. The one place plan, report, step,
+    measured on the CPU; its GEMM rates checked, :func:`~meshplan.compute.rate_check.kernel_file_rates`); ``cfg`` itself when none is given. The one place plan, report, step,
     reliability, compare and search apply them."""
     if not (topology or calibration or kernels or cfg.kernel_files):
         return cfg
     cluster = cfg.cluster
     for paths, field in ((cfg.kernel_files, "kernels.files"), (kernels or [], "--kernels")):
         gpu, warns = with_kernel_files(cluster.gpu, paths, field)
-        for w in warns:
+        for w in warns + kernel_file_rates(gpu, gpu.kernels[len(cluster.gpu.kernels):], field):  # these files
             _echo(f"warning: {w}", err=True)
         cluster = cluster.model_copy(update={"gpu": gpu})
     if topology:
@@ -158,11 +159,12 @@ def _notes(cfg) -> None:
         typer.echo(f"note: {n}", err=True)
 
 
-def _kernels(cluster) -> dict:
+def _kernels(cluster, shapes: Optional[dict[str, int]] = None) -> dict:
     """The kernels' entry of the --json documents: ``line`` (``kernels: catalog``, or
-    ``kernels: FILE (source line)``,
-    :func:`~meshplan.compute.kernel_fragment.kernels_line`) and ``files`` (path, source)."""
-    return {"line": kernels_line(cluster.gpu), "files": [{"path": f.path, "source": f.source} for f in cluster.gpu.kernels]}
+    ``kernels: FILE (source line; bf16: N points ...)``, with ``shapes`` the plan's GEMM shapes
+    per dtype, :func:`~meshplan.compute.kernel_fragment.kernels_line`) and ``files`` (path, source)."""
+    return {"line": kernels_line(cluster.gpu, shapes),
+            "files": [{"path": f.path, "source": f.source} for f in cluster.gpu.kernels]}
 
 
 def _kernels_note(cluster) -> str:

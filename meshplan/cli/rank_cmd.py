@@ -15,6 +15,7 @@ from meshplan.cli.common import (TOML_ONLY_HELP, _echo, _json_option, _refuse_ex
                                  _write_doc, _written, _wrote)
 from meshplan.cli.loading import _load
 from meshplan.compute.kernel_fragment import with_kernel_files
+from meshplan.compute.rate_check import kernel_file_rates
 from meshplan.config import config_from_dict
 from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError, check_number
@@ -76,7 +77,8 @@ def bench_rank(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; one r
     target = system or local_system(dev)
     reduced = reduced_data(data, layers, target)
     world = math.prod(reduced["mesh"]["shape"])
-    for w in with_kernel_files(config_from_dict(reduced).cluster.gpu, kernels or [])[1]:  # checked before the run
+    gpu, warns = with_kernel_files(config_from_dict(reduced).cluster.gpu, kernels or [])  # checked before the run
+    for w in warns + kernel_file_rates(gpu, gpu.kernels):
         _echo(f"warning: {w}", err=True)
     check_number("--rank", rank, 0, world - 1)
     if dev == "cpu":

@@ -29,7 +29,7 @@ from meshplan.cli.schedule_opt import layer_split, refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.routing import balance_note
-from meshplan.compute.table_use import as_json as table_json, table_use
+from meshplan.compute.table_use import as_json as table_json, gemm_shapes, table_use
 from meshplan.comm.calibration_notes import roce_note, uncalibrated_note
 from meshplan.comm.calibration_replaced import capacity_words
 from meshplan.errors import ConfigError, check_number
@@ -83,7 +83,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                    "shape and dtype, before the catalog, never interpolated (for "
                                                    "interpolated points: bench gemm --grid with --kernels); a 'gemm "
                                                    "table:' line says how many of the plan's GEMM shapes it timed, a "
-                                                   "warning when none, or when measured on the CPU or another GPU"),
+                                                   "warning when none, or when measured on the CPU or another GPU; a "
+                                                   "row faster than the GPU's peak x max_gemm_fraction is refused, one "
+                                                   "under 1% of the shape model's rate or whose seconds and tflops "
+                                                   "disagree warned"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev, "
                                                                         "or torch.distributed.pipelining's name (1F1B, "
                                                                         "Interleaved1F1B, InterleavedZeroBubble = "
@@ -176,7 +179,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_doc(json_path, {**_calibrated(envelope("step", p, step_s=None), cal), "kernels": kd}, force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
-    use = table_use(plan_ops(p, table), table, p.config.cluster.gpu) if table is not None else None
+    ops = plan_ops(p, table) if table is not None or p.config.cluster.gpu.kernels else []
+    use = table_use(ops, table, p.config.cluster.gpu) if table is not None else None
+    kd = _kernels(p.config.cluster, gemm_shapes(ops)) if ops else kd  # a kernels file's points against them
     kd = _with_table(kd, use, p.config.cluster.gpu)
     unscheduled = schedule if schedule is not None and p.mesh.degree("pp") == 1 else None
     schedule = None if unscheduled else schedule  # pp 1: nothing to schedule (as --overlap-tp at tp 1)
@@ -366,12 +371,13 @@ def _print_links(p, st, step_fn) -> None:
           "dK/dV shift (send/recv) runs beside the SDPA step after it, whose end is its deadline, and each layer's "
           "last shift, waited for at once, is in the parts line's exposed cp; under Transformer Engine's p2p ring "
           "(Megatron-LM's) each K/V or dK/dV send/recv runs beside the attention step it precedes, whose end is its "
-          "deadline; a step row names the plan rows it stands for by their cadence, 'rows:')")
+          "deadline; a step row names the plan rows it stands for by their cadence, 'rows:'; 'one event for N "
+          "calls': a layer's SP norm-weight gradient all-reduces merged, duration their sum)")
     for t in timings(st):
         rows = step_rows(p, t)
         _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (rows: {rows})" if rows else "")
-              + (f"  (issued {t.issued})" if t.issued else ""))
+              + (f"  (issued {t.issued})" if t.issued else "") + _merged(t))
     if sends := p2p_calls(st):
         _echo(f"  not listed: pp send/recv between stages (stage 0 sends {sends} per schedule run): counted in the "
               f"parts line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)")
@@ -386,6 +392,14 @@ def _print_links(p, st, step_fn) -> None:
         _echo(f"  {spill_line(p, st, spill, step_fn)}")
     if other is not None:  # the stage whose links are loaded most (meshplan.schedule.stage_traffic)
         _print_edge_table(p, st, other[0], other[1], f"; {traffic_words(p, other[0])}")
+
+
+def _merged(t) -> str:
+    """A first-occurrence row's note where its event stands for several calls of the plan's table
+    (:attr:`~meshplan.schedule.linkload.Timing.calls`), with the time of one (nc54 #9)."""
+    if t.calls == 1.0:
+        return ""
+    return f"  (one event for {t.calls:.3g} calls, {t.duration_s / t.calls * 1e3:.4f} ms each)"
 
 
 def _print_edge_table(p, st, stage: int, loads: list, more: str) -> list:

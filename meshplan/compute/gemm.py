@@ -143,12 +143,16 @@ def gemm_efficiency(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16") -
 
 # Measured table -------------------------------------------------------------------------
 
-TABLE_COLUMNS = ("m", "n", "k", "dtype", "seconds", "tflops", "device", "torch")
+#: ``run_m`` (optional): the M the row was run at when ``bench gemm --max-elements`` scaled it
+#: down (seconds = the time measured at ``run_m`` x m / run_m); empty when run at m.
+TABLE_COLUMNS = ("m", "n", "k", "dtype", "seconds", "tflops", "device", "torch", "run_m")
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """One measured GEMM: ``seconds`` per call on ``device`` with torch ``torch``."""
+    """One measured GEMM: ``seconds`` per call on ``device`` with torch ``torch``; ``row``: its
+    1-based row in the table read (0: not read from one), ``tflops``: the tflops column when the
+    row gave it beside seconds (:func:`meshplan.compute.rate_check.table_rates` compares them)."""
 
     m: int
     n: int
@@ -157,6 +161,8 @@ class Measurement:
     seconds: float
     device: str
     torch: str
+    row: int = 0
+    tflops: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -231,7 +237,7 @@ def _text(value) -> str:
     return value
 
 
-def _row(raw: dict, where: str) -> Measurement:
+def _row(raw: dict, where: str, row: int = 0) -> Measurement:
     raw = {k: v for k, v in raw.items() if not (k == "op" and v == "gemm")}
     if None in raw:
         raise ConfigError(where, "more fields than header columns; pass the table bench gemm wrote")
@@ -247,16 +253,18 @@ def _row(raw: dict, where: str) -> Measurement:
         dtype_bytes(_text(raw["dtype"]))
         if not all(0 < x <= 2 ** 31 for x in (m, n, k)):
             raise ConfigError(where, f"m, n, k must be 1..2^31 (cuBLAS int dimensions); got {m}, {n}, {k}")
+        tflops = _number(raw["tflops"]) if raw.get("tflops") not in (None, "") else None
+        if tflops is not None and not 0 < tflops <= 1e7:
+            raise ConfigError(f"{where}.tflops", f"{tflops} must be > 0 and at most 1e7 TFLOP/s")
         if raw.get("seconds") not in (None, ""):
             seconds = _number(raw["seconds"])
-        elif raw.get("tflops") not in (None, ""):
-            tflops = _number(raw["tflops"])
-            if not 0 < tflops <= 1e7:
-                raise ConfigError(f"{where}.tflops", f"{tflops} must be > 0 and at most 1e7 TFLOP/s")
-            seconds = 2.0 * m * n * k / (tflops * TFLOPS)
+        elif tflops is not None:
+            seconds, tflops = 2.0 * m * n * k / (tflops * TFLOPS), None  # nothing to compare it with
         else:
             raise ConfigError(f"{where}.seconds", "give seconds (per call) or tflops")
         device, torch = _text(raw["device"]), _text(raw["torch"])
+        if raw.get("run_m") not in (None, "") and not 0 < _whole(raw["run_m"]) <= m:
+            raise ConfigError(f"{where}.run_m", f"{raw['run_m']} must be 1..m ({m}): the M a scaled-down row ran at")
     except (ValueError, KeyError, TypeError) as e:
         if isinstance(e, ConfigError):
             raise
@@ -264,7 +272,7 @@ def _row(raw: dict, where: str) -> Measurement:
                           f"dtype one of fp32, tf32, bf16, fp16, fp8") from None
     if not 0 < seconds <= 1e6:
         raise ConfigError(where, f"time must be positive and at most 1e6 s (m {m} n {n} k {k} seconds {seconds})")
-    return Measurement(m, n, k, str(raw["dtype"]), seconds, device, torch)
+    return Measurement(m, n, k, str(raw["dtype"]), seconds, device, torch, row, tflops)
 
 
 def load_gemm_table(path: str | Path) -> GemmTable:
@@ -307,7 +315,7 @@ def load_gemm_table(path: str | Path) -> GemmTable:
         if r.get("op") == "attention":
             att.append(_attention_row(r, f"gemm_table row {i + 1}"))
         else:
-            meas.append(_row(r, f"gemm_table row {i + 1}"))
+            meas.append(_row(r, f"gemm_table row {i + 1}", i + 1))
     devices = sorted({x.device for x in meas} | {d for _, _, d in att if d})
     if len(devices) > 1:
         raise ConfigError("gemm_table", f"rows from several devices {devices}; keep one device per table")

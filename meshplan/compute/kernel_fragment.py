@@ -30,7 +30,8 @@ its GEMM dtypes replace the catalog's points of those dtypes, its attention rows
 (``kernels``); :func:`kernel_data` is the compute model's one way to a GPU's kernel data: the
 catalog's (:func:`meshplan.compute.measured.kernel_data`) with the GPU's files laid over it in
 order (a later file's dtypes and attention rows over an earlier one's). :func:`kernels_line`
-says which data a run used: ``kernels: catalog`` or ``kernels: FILE (source line)``.
+says which data a run used: ``kernels: catalog`` or ``kernels: FILE (source line; per GEMM dtype
+the points it has, against the plan's shapes and the catalog's points)``.
 """
 
 from __future__ import annotations
@@ -199,7 +200,8 @@ def with_fragment(data: KernelData, frag: KernelFragment) -> KernelData:
 def read_kernel_file(path: str | Path, gpu: GPUSpec, field: str = "--kernels") -> tuple[KernelFile, list[str]]:
     """``path`` read and checked for a run on ``gpu``: (the file, warning lines). Errors, one
     line naming ``field``: no such file, malformed, a fragment for another GPU (naming both),
-    a GPU without catalog kernel data to lay it over. A fragment measured on the CPU (its
+    a GPU without catalog kernel data to lay it over (its GEMM rates against the GPU:
+    :func:`meshplan.compute.rate_check.kernel_file_rates`). A fragment measured on the CPU (its
     ``source`` says "CPU", :func:`meshplan.runtime.bench.grid.source_line`) is a warning: its
     rates describe that CPU, not ``gpu``."""
     if not Path(path).exists():
@@ -220,6 +222,11 @@ def read_kernel_file(path: str | Path, gpu: GPUSpec, field: str = "--kernels") -
             f"config's GPU {gpu.name}, and the times below use them as given; measure on a {gpu.name} "
             f"(meshplan bench gemm CONFIG --grid there)"] if "CPU" in frag.source else []
     return KernelFile(path=str(path), source=frag.source, text=text), warn
+
+
+def fragment_of(f: KernelFile) -> KernelFragment:
+    """The parsed fragment of a file a GPU carries (read and checked by :func:`read_kernel_file`)."""
+    return _parse_text(f.text, f.path)
 
 
 def with_kernel_files(gpu: GPUSpec, paths, field: str = "--kernels") -> tuple[GPUSpec, list[str]]:
@@ -252,9 +259,28 @@ def overlaid(gpu_name: str, files: tuple[KernelFile, ...]) -> Optional[KernelDat
     return data
 
 
-def kernels_line(gpu: GPUSpec) -> str:
+def kernels_line(gpu: GPUSpec, shapes: Optional[dict[str, int]] = None) -> str:
     """Which kernel data a run uses: ``kernels: catalog`` (meshplan/catalog/kernels.toml), or
-    each laid-over file with its source line, ``kernels: my.toml (meshplan bench gemm on ...)``."""
+    each laid-over file with its source line and, per GEMM dtype it replaces, how many points it
+    has against the catalog's (:func:`_grid_words`; ``shapes``: the plan's distinct GEMM shapes
+    per dtype, as step counts them), ``kernels: my.toml (meshplan bench gemm on ...; bf16: 1
+    point for the plan's 12 bf16 GEMM shapes, in place of the catalog's 20)``."""
     if not gpu.kernels:
         return "kernels: catalog"
-    return "kernels: " + "; ".join(f"{f.path} ({f.source})" for f in gpu.kernels)
+    return "kernels: " + "; ".join(f"{f.path} ({'; '.join([f.source] + _grid_words(f, gpu.name, shapes))})"
+                                   for f in gpu.kernels)
+
+
+def _grid_words(f: KernelFile, gpu_name: str, shapes: Optional[dict[str, int]]) -> list[str]:
+    """Per GEMM dtype of ``f``: its points, the plan's shapes they time (interpolated,
+    :func:`meshplan.compute.gemm_points.gemm_seconds`) where ``shapes`` has that dtype, and the
+    catalog's points it replaces (newcomer trial 54 #14: one point timing 12 shapes unsaid)."""
+    catalog = measured.kernel_data(gpu_name)
+    out = []
+    for dt, pts in fragment_of(f).gemm.items():
+        words = f"{dt}: {len(pts)} point{'s' * (len(pts) != 1)}"
+        if shapes and shapes.get(dt):
+            words += f" for the plan's {shapes[dt]} {dt} GEMM shape{'s' * (shapes[dt] != 1)}"
+        had = len(catalog.gemm.get(dt, ())) if catalog is not None else 0
+        out.append(words + (f", in place of the catalog's {had}" if had else ", the catalog has none"))
+    return out

@@ -21,6 +21,7 @@ from typing import Iterable
 
 from meshplan.compute.gemm import GemmTable, gemm_time
 from meshplan.compute.ops import Op
+from meshplan.compute.rate_check import table_rates
 from meshplan.spec.cluster import GPUSpec
 from meshplan.units import counted
 
@@ -31,7 +32,9 @@ class TableUse:
     how many the table holds; ``sources``: (source, count) of the others ("catalog" or
     "model"); ``attention_calls`` / ``attention_matched``: distinct fused-attention keys of the
     plan and how many the table holds; the table's ``path``, GEMM ``rows``, ``attention_rows``,
-    ``dtypes``, ``devices`` (of its GEMM rows, with torch versions) and ``shapes`` (M, N, K)."""
+    ``dtypes``, ``devices`` (of its GEMM rows, with torch versions) and ``shapes`` (M, N, K);
+    ``rate_warnings``: its rows' rates against the GPU's peak
+    (:func:`meshplan.compute.rate_check.table_rates`)."""
 
     path: str
     rows: int
@@ -44,10 +47,13 @@ class TableUse:
     attention_calls: int
     attention_matched: int
     shapes: tuple[tuple[int, int, int], ...] = ()
+    rate_warnings: tuple[str, ...] = ()
 
 
 def table_use(ops: Iterable[Op], table: GemmTable, gpu: GPUSpec) -> TableUse:
-    """:class:`TableUse` of ``table`` for the step whose compute is ``ops`` on ``gpu``.
+    """:class:`TableUse` of ``table`` for the step whose compute is ``ops`` on ``gpu``. Raises
+    ConfigError naming a row faster than the GPU's GEMM ceiling
+    (:func:`~meshplan.compute.rate_check.table_rates`).
 
     >>> from meshplan import catalog
     >>> from meshplan.compute.gemm import GemmTable, Measurement
@@ -63,10 +69,21 @@ def table_use(ops: Iterable[Op], table: GemmTable, gpu: GPUSpec) -> TableUse:
     hit = [g for g in gemms if table.lookup(*g) is not None]
     rest = Counter(gemm_time(gpu, m, n, k, dtype).source for m, n, k, dtype in gemms if (m, n, k, dtype) not in hit)
     rows = list(table.entries.values())
+    rates = tuple(table_rates([table.lookup(*g) for g in hit], gpu, f"--gemm-table {table.path}"))
     return TableUse(table.path, len(rows), len(table.attention), tuple(sorted({r.dtype for r in rows})),
                     tuple(sorted({f"{r.device}, torch {r.torch}" for r in rows})), tuple(gemms), len(hit),
                     tuple(sorted(rest.items())), len(attention), len(attention & set(table.attention)),
-                    tuple(sorted({(r.m, r.n, r.k) for r in rows})))
+                    tuple(sorted({(r.m, r.n, r.k) for r in rows})), rates)
+
+
+def gemm_shapes(ops: Iterable[Op]) -> dict[str, int]:
+    """The distinct GEMM keys (M, N, K, dtype) of ``ops`` counted per dtype: the shapes a step
+    looks up in a table or interpolates from a kernels file's points.
+
+    >>> gemm_shapes([Op("wq", "attn", "forward", "gemm", 1e-4, table_key=(8, 8, 8, "bf16"))] * 2)
+    {'bf16': 1}
+    """
+    return dict(Counter(key[3] for key in {o.table_key for o in ops if o.kind == "gemm" and o.table_key}))
 
 
 def _others(u: TableUse, gpu: GPUSpec) -> str:
@@ -103,8 +120,9 @@ def use_line(u: TableUse, gpu: GPUSpec) -> str:
 def use_warnings(u: TableUse, gpu: GPUSpec) -> list[str]:
     """``warning:`` texts (without the prefix) for a table that times none of the plan's
     GEMMs (with why: another dtype, or other shapes), for one measured on a CPU, and for one
-    whose device name does not carry the plan's GPU model (:func:`_model`)."""
-    out = []
+    whose device name does not carry the plan's GPU model (:func:`_model`), after its rows' rate
+    warnings (``u.rate_warnings``)."""
+    out = list(u.rate_warnings)
     if u.rows and not u.matched:
         plan_dtypes = sorted({g[3] for g in u.gemm_shapes})
         why = [f"it holds {'/'.join(u.dtypes)} rows and the plan's GEMMs run in {'/'.join(plan_dtypes)}"] * (

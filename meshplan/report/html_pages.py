@@ -48,7 +48,7 @@ from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.spec.mesh_words import axis_labels, mesh_text
 from meshplan.spec.recompute_words import recompute_words
-from meshplan.spec.wording import runtime, sharding_words
+from meshplan.spec.wording import nic_words, runtime, sharding_words
 from meshplan.units import GB, US, GiB, counted, param_number
 
 
@@ -61,7 +61,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
                      f"vocab {m.vocab}, {param_number(m.param_count())} params"
                      + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "")),
            ("cluster", f"{cl.name}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
-                       f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
+                       f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), {nic_words(cl.node)}, world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
                         f"{sharding_words(t, c.origin, plan_replicates(plan))}, recompute {t.recompute} "
                         f"({recompute_words(t, runtime(t, c.origin))}), {t.dtype_words}, "

@@ -172,14 +172,17 @@ def _schedule(st) -> Optional[str]:
 
 
 def _timing(t, rows: str = "", plan_rows: Sequence = ()) -> dict[str, Any]:
-    """One readiness row (:class:`~meshplan.schedule.linkload.Timing`) with its slack; ``issued``
-    only where a per-step row goes out inside the last backward or after it; ``rows`` only on a
-    ``step`` row: the cadences of the plan rows it stands for (:func:`~meshplan.schedule.linkload.step_rows`);
-    ``plan_rows``: those rows (:func:`~meshplan.schedule.timing_rows.timing_rows`) with the keys ``plan
-    --json`` gives them (axis, cadence, size_bytes, group_size, busbw_bytes_per_s, time_s: one call each)."""
+    """One readiness row (:class:`~meshplan.schedule.linkload.Timing`) with its slack; ``calls``
+    only where the event merges several of the table's calls; ``issued`` only where a per-step row goes
+    out inside the last backward or after it; ``rows`` only on a ``step`` row: the cadences of the plan
+    rows it stands for (:func:`~meshplan.schedule.linkload.step_rows`); ``plan_rows``: those rows
+    (:func:`~meshplan.schedule.timing_rows.timing_rows`) with the keys ``plan --json`` gives them (axis,
+    cadence, size_bytes, group_size, busbw_bytes_per_s, time_s: one call each)."""
     doc = dict(plain_data(t), slack_s=t.slack_s)
     if not doc["issued"]:
         del doc["issued"]
+    if doc["calls"] == 1.0:  # only where one event stands for several calls (Timing.calls)
+        del doc["calls"]
     doc["plan_rows"] = [{"axis": r.axis, "cadence": r.cadence, "size_bytes": r.size_bytes, "group_size": r.group_size,
                          "busbw_bytes_per_s": r.busbw_bytes_per_s, "time_s": r.time_s} for r in plan_rows]
     return {**doc, "rows": rows} if rows else doc
@@ -292,7 +295,10 @@ def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str,
     world its stage reached, message, the world's own ``not_exercised`` lines,
     errors (the gated differences of the comparison, or the failure message), step time and
     peak memory predicted against measured (seconds, bytes; ``error`` = measured / predicted
-    - 1), and the evidence folder (``summary`` only on node 0, which writes it)."""
+    - 1), whether its measured times are ``reliable`` (the host's load, as its comparison.json's
+    ``host``: :func:`meshplan.runtime.validation.host.state`; null where the world never ran) and
+    ``unreliable_because`` (newcomer trial 54 #10: only comparison.json carried it), and the
+    evidence folder (``summary`` only on node 0, which writes it)."""
     worlds = []
     for r in results:
         comp = r.get("comparison") or {}
@@ -301,7 +307,9 @@ def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str,
         worlds.append({"world": r["world"], "ok": bool(r.get("ok")), "stage": r.get("stage"),
                        "message": r.get("message", ""), "errors": errors,
                        "not_exercised": [g["line"] for g in r.get("not_exercised", [])], "step_s": _pvm(rows, "step time"),
-                       "peak_memory_bytes": _pvm(rows, "peak memory"), "folder": f"{evidence}/world{r['world']}"})
+                       "peak_memory_bytes": _pvm(rows, "peak memory"), "folder": f"{evidence}/world{r['world']}",
+                       "reliable": r["host"].get("reliable") if r.get("host") else None,
+                       "unreliable_because": list(r["host"].get("why", [])) if r.get("host") else []})
     return envelope("validate", config=config, ok=code == 0, exit_code=code, node_rank=node_rank, evidence=evidence,
                     summary=f"{evidence}/summary.md" if node_rank == 0 else None, not_exercised=list(not_exercised),
                     worlds=worlds)
@@ -310,10 +318,11 @@ def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str,
 def validate_slice_doc(evidence_doc: dict[str, Any], code: int, evidence: str) -> dict[str, Any]:
     """``validate-slice``: the order verdict, the chosen mesh and each mesh's predicted and
     measured step (seconds; rank 1 = fastest), its role and why, and its own plan at full scale
-    (feasible, peak and usable bytes per rank, verdict line), from the evidence folder's ``slice.json``."""
+    (feasible, peak and usable bytes per rank, verdict line) and the axes whose groups cross nodes in
+    the slice and not at full scale (``slice_only_crossing``), from the evidence folder's ``slice.json``."""
     keep = ("name", "config", "ran", "message", "predicted_s", "measured_s", "error", "predicted_rank",
             "measured_rank", "collectives_match", "micro_batches", "folder", "role", "why", "full_feasible",
-            "full_peak_bytes", "full_usable_bytes", "full_verdict")
+            "full_peak_bytes", "full_usable_bytes", "full_verdict", "slice_only_crossing")
     return envelope("validate-slice", ok=code == 0, exit_code=code, testbed=evidence_doc["testbed"],
                     order_matches=evidence_doc["order_matches"], verdict=evidence_doc["verdict"],
                     chosen=evidence_doc["chosen"], global_batch=evidence_doc["global_batch"],

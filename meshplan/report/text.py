@@ -24,7 +24,7 @@ from meshplan.report.plan_warnings import plan_notes, plan_warnings
 from meshplan.schedule.window_regathers import cadence_words
 from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, replicates, shown_names
 from meshplan.spec.recompute_words import recompute_words
-from meshplan.spec.wording import gathered_words, runtime, sharding_words, shard_words, state_cell, state_title
+from meshplan.spec.wording import gathered_words, nic_words, runtime, sharding_words, shard_words, state_cell, state_title
 from meshplan.units import GB, US, GiB, counted, human_bytes, param_number
 
 MAX_LIST = 8
@@ -123,9 +123,9 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
     if m.rope_scaling is not None and m.rope_scaling.note(t.seq_len):  # only past the original context
         con.print(f"        {m.rope_scaling.note(t.seq_len)}")
     con.print(f"cluster {shown(cl.name)}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
-              f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node"
-              f"{' RoCEv2 (step notes how they are timed)' if any(n.transport == 'roce' for n in cl.node.nics) else ''}, "
-              f"world {plan.world}")
+              f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), "
+              f"{shown(nic_words(cl.node, ('step notes how they are timed',) * any(n.transport == 'roce' for n in cl.node.nics)))}"
+              f", world {plan.world}")
     tokens = t.global_batch * t.seq_len
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
               f"{t.micro_batch}, sharding {sharding_words(t, c.origin, plan_replicates(plan))}, "

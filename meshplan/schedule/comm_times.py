@@ -109,7 +109,8 @@ class CommTimes:
     "layer", "expert", "root" (one root unit), "root_embed" or "root_head" (the embedding's
     and [norm, output]'s units apart, :data:`ROOT_GROUPS`) for shard/replica rows. ``loss_s``: seconds of the loss
     collectives per micro-batch; ``async_s``: per-layer overlapped tp collectives (norm
-    weight gradients); ``step_reduce_s``/``step_gather_s``: per-step ZeRO-1/2 or DDP
+    weight gradients), ``async_calls`` the calls of the table they stand for per layer (one
+    event, :func:`meshplan.schedule.backward_pass._layer_grads`); ``step_reduce_s``/``step_gather_s``: per-step ZeRO-1/2 or DDP
     collectives; ``p2p_s``: one pp send; ``p2p_gather_s``: the tp all-gather after each pp
     receive under Megatron's scatter/gather (0 without); ``other``: rows not understood (not simulated);
     ``layers``: the stage's layers over all its chunks (each chunk's last gradient unit
@@ -141,6 +142,7 @@ class CommTimes:
     nic: dict = field(default_factory=dict)
     loss_s: float = 0.0
     async_s: float = 0.0
+    async_calls: float = 0.0
     step_reduce_s: float = 0.0
     step_gather_s: float = 0.0
     p2p_s: float = 0.0
@@ -334,6 +336,7 @@ def _stream_row(c: CommTimes, kind: str, r, layers: int) -> None:
         c.loss_s += r.time_s * r.per_microbatch
     elif kind == "tp_async":
         c.async_s += r.time_s * r.per_microbatch / max(layers, 1)
+        c.async_calls += r.per_microbatch / max(layers, 1)
     else:
         _keep_row(c, kind, r)
 

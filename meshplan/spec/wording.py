@@ -363,3 +363,27 @@ def gathered_words(training, origin: str = "") -> str:
     if zero_runtime(training, origin) != DEEPSPEED:
         return "gathered FSDP layers"
     return "layers gathered by the ZeRO-3 parameter all-gather"
+
+
+def nic_words(node, notes: tuple[str, ...] = ()) -> str:
+    """A node's NICs as plan's ``cluster`` line and report's cluster row say them: their count,
+    ``RoCEv2`` when they speak it, and where ``[cluster] nic`` set their keys (its mark in
+    ``node.source``, :func:`meshplan.config_tables._with_nics`) their line rate and that it is the
+    config's (newcomer trial 54 #8: the report's row named neither); ``notes`` go in the same
+    parentheses.
+
+    >>> from meshplan import catalog
+    >>> node = catalog.node("dgx-h100")
+    >>> nic_words(node)
+    '8 NIC(s)/node'
+    >>> roce = [n.model_copy(update={"transport": "roce", "rate_gbit_per_s": 50.0}) for n in node.nics]
+    >>> over = node.model_copy(update={"nics": roce, "source": "x; config's [cluster] nic (transport roce) on every NIC"})
+    >>> nic_words(over, ("step notes how they are timed",))
+    '8 NIC(s)/node RoCEv2 at 50 Gb/s ([cluster] nic; step notes how they are timed)'
+    """
+    words = f"{len(node.nics)} NIC(s)/node" + (" RoCEv2" if any(n.transport == "roce" for n in node.nics) else "")
+    marks = list(notes)
+    if "config's [cluster] nic (" in node.source and node.nics:
+        words += f" at {'/'.join(f'{r:g}' for r in sorted({n.rate_gbit_per_s for n in node.nics}))} Gb/s"
+        marks.insert(0, "[cluster] nic")
+    return words + (f" ({'; '.join(marks)})" if marks else "")

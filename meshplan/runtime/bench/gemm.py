@@ -47,11 +47,15 @@ class Timed:
 
 
 def resolve_device(device: str) -> str:
-    """``--device``: ``cpu``, ``cuda``, or ``auto`` (cuda when torch sees a GPU)."""
+    """``--device``: ``cpu``, ``cuda``, or ``auto`` (cuda when torch sees a GPU); ``cuda``
+    where torch sees none is a ConfigError (it was torch's AssertionError traceback)."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
         raise ConfigError("--device", f"{device!r}; use cpu, cuda or auto")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device", f"cuda, but torch {torch.__version__} sees no GPU here; run on a GPU, or "
+                                      f"give --device cpu to time this CPU")
     return device
 
 
@@ -143,12 +147,16 @@ def bench(gemms: list[Gemm], dtype: str = "fp32", device: str = "cpu", max_eleme
 
 
 def table_csv(rows: list[Timed]) -> str:
-    """CSV text in the format :func:`meshplan.compute.gemm.load_gemm_table` reads."""
+    """CSV text in the format :func:`meshplan.compute.gemm.load_gemm_table` reads: per row its
+    seconds per call, ``tflops`` = 2 M N K / seconds / 1e12 to 4 significant digits, and ``run_m``,
+    the M it ran at when scaled down (``--max-elements``; its seconds scaled back by m / run_m),
+    empty when run at m (newcomer trial 54 #11: the tflops column was empty, the scaling unrecorded)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["m", "n", "k", "dtype", "seconds", "tflops", "device", "torch"])
+    w.writerow(["m", "n", "k", "dtype", "seconds", "tflops", "device", "torch", "run_m"])
     for r in rows:
-        w.writerow([r.gemm.m, r.gemm.n, r.gemm.k, r.dtype, f"{r.seconds:.9g}", "", r.device, torch.__version__])
+        w.writerow([r.gemm.m, r.gemm.n, r.gemm.k, r.dtype, f"{r.seconds:.9g}", f"{r.tflops:.4g}", r.device,
+                    torch.__version__, r.scaled_m if r.scaled_m != r.gemm.m else ""])
     return buf.getvalue()
 
 

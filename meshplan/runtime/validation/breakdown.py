@@ -148,3 +148,38 @@ def breakdown_rows(plan, table, folder: Path, rank: int, step_s: float) -> list[
                  rank=rank, error=(meas[p] / pred[p] - 1) if pred[p] else None,
                  note=f"profiled step of rank {rank} ({step_s * 1e3:.1f} ms)" + (f"; {how[p]}" if p in how else ""))
             for p in PARTS]
+
+
+#: Kinds of the local kernels table (``staged.json`` ``kernels``) -> the step part holding them.
+KERNEL_PARTS = {"gemm": "GEMM kernels", "attention forward": "attention kernels",
+                "attention backward": "attention kernels"}
+#: The pre-launch kernel times are marked suspect where the profiled step's differ by more than this factor.
+SUSPECT_FACTOR = 2.0
+
+
+def in_step_ratios(rows) -> dict[str, tuple[float, float, float]]:
+    """Per kernel part (GEMM, attention), (pre-launch per step, in the profiled step, in-step /
+    pre-launch) from a world's ``predicted_vs_measured`` rows (``rows``). The ``step part``
+    rows' predicted GEMM and attention seconds are the local kernels table's measured per-call
+    times (timed in the validate process before the launch) x the calls per step
+    (:func:`per_step_notes`); their measured seconds are the same kernels in the profiled step
+    (:func:`measured_parts`). A ratio off by more than :data:`SUSPECT_FACTOR` marks that
+    pre-launch timing suspect (newcomer trial 54 #4: attention 36.84 ms before the launch against
+    0.43 ms in the step, 8 ranks on 2 cores).
+
+    >>> rows = [dict(quantity="step part: GEMM kernels", predicted=0.02093, measured=0.00135),
+    ...         dict(quantity="step part: attention kernels", predicted=0.001, measured=0.0012)]
+    >>> {k: round(v[2], 4) for k, v in in_step_ratios(rows).items()}
+    {'GEMM kernels': 0.0645, 'attention kernels': 1.2}
+    """
+    out = {}
+    for r in rows:
+        part = str(r.get("quantity", "")).removeprefix("step part: ")
+        if part in KERNEL_PARTS.values() and r.get("predicted") and r.get("measured") is not None:
+            out[part] = (r["predicted"], r["measured"], r["measured"] / r["predicted"])
+    return out
+
+
+def suspect(ratio: float) -> bool:
+    """Whether an in-step / pre-launch ratio is off by more than :data:`SUSPECT_FACTOR` either way."""
+    return not 1 / SUSPECT_FACTOR <= ratio <= SUSPECT_FACTOR

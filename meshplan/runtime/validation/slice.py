@@ -44,6 +44,8 @@ from math import lcm
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
 from meshplan.config import load_config
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, staged_folder
@@ -52,7 +54,8 @@ from meshplan.runtime.testbed.netns import require_testbed
 from meshplan.units import GiB
 from meshplan.runtime.validation.options import Options
 from meshplan.runtime.validation.scaling import scale_config
-from meshplan.runtime.validation.slice_choice import assign_roles, choose, folder_name, full_scale, kept_line
+from meshplan.runtime.validation.slice_choice import (assign_roles, choose, crossing_axes, folder_name, full_scale,
+                                                      kept_line, slice_only_words)
 from meshplan.runtime.validation.validate import validate
 
 MARKER = "slice.json"
@@ -85,6 +88,8 @@ class MeshResult:
     full_peak_bytes: Optional[float] = None
     full_usable_bytes: Optional[float] = None
     full_verdict: str = ""
+    full_crossing: Optional[list] = None  # axes crossing nodes at full scale (slice_choice.crossing_axes)
+    slice_only_crossing: list = field(default_factory=list)  # ... in the slice and not at full scale
     role: str = ""  # chosen / rejected (slice_choice.assign_roles)
     why: str = ""
 
@@ -192,6 +197,8 @@ def _keep(r: MeshResult, run_dir: Path, dest: Path, best: Optional[MeshResult], 
     old = (dest / "summary.md").read_text() if (dest / "summary.md").exists() else ""
     head = [f"# {'Rejected' if rejected else 'Chosen'}: {r.name} ({r.config})", "", f"{r.role.capitalize()}: {r.why}.",
             "", f"Full scale (the config's own plan on its cluster, as `meshplan plan` makes it): {r.full_verdict}."]
+    if r.slice_only_crossing:
+        head += ["", f"Warning: {slice_only_words(r.slice_only_crossing)}."]
     if r.ran and r.measured_s is not None:
         head += ["", f"On the testbed: measured {_ms(r.measured_s)} ms per step (slowest rank, median of the timed "
                  f"steps), measured rank {r.measured_rank}; predicted {_ms(r.predicted_s)} ms (rank "
@@ -272,16 +279,20 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
         per_node = world // tb.nodes
         for name, path, cfg, sc, k, fs in zip(names, configs, loaded, scaled, micro, full):
             groups = [list(g) for g in tp_groups(sc, world)]
+            crossing = crossing_axes(resolved_mesh(sc.mesh, world), np.arange(world) // per_node)
+            only = [a for a in crossing if fs["full_crossing"] is not None and a not in fs["full_crossing"]]
             echo(f"mesh {name} ({path}): {fs['full_verdict']} ({cfg.cluster.world} GPUs); {k} micro-batch(es) per "
                  "step; tp groups " + (", ".join(
                      f"{g} on node(s) {sorted({x // per_node for x in g})}" for g in groups) or "none"))
+            if only:
+                echo(f"  warning: {slice_only_words(only)}")
             runs[name] = out / "runs" / name
             runs[name].parent.mkdir(parents=True, exist_ok=True)  # validate refuses an --out whose parent is missing
             _, res = validate(cfg, replace(opt, micro_batches=k), runs[name], echo=lambda s, n=name: echo(f"  {s}"))
             results.append(_result(name, str(path), res[0], runs[name], world))
             r = replace(results[-1], **fs)
             results[-1] = r
-            r.tp_groups, r.micro_batches = groups, k
+            r.tp_groups, r.micro_batches, r.slice_only_crossing = groups, k, only
             echo(f"  step: predicted {_ms(r.predicted_s)} ms, measured {_ms(r.measured_s)} ms" if r.ran else
                  f"  run failed: {r.message}")
         best = decide(results)
@@ -343,6 +354,8 @@ def _write(out: Path, results, opt, testbed, tb, verdict, same, lines, best, bat
           "with its plan, measurements, per-NIC byte counters and summary:", "",
           *[f"- {r.name} ({r.config}): {r.role}, {r.why}" + ("" if r.why == r.full_verdict else f"; {r.full_verdict}")
             + f"; in {folder_name(r)}/" for r in results],
+          *["", *[f"Warning: {r.name}: {slice_only_words(r.slice_only_crossing)}." for r in results
+                  if r.slice_only_crossing]] * any(r.slice_only_crossing for r in results),
           ""]
     write_atomic(out / "summary.md", "\n".join(md))
     write_atomic(out / MARKER, json.dumps(doc, indent=2, default=str) + "\n")

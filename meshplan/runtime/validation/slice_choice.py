@@ -11,11 +11,21 @@ this order: infeasible at full scale ("infeasible at full scale: peak X GiB > Y 
 run did not complete, measured slower than the chosen mesh. Each mesh's folder is named after
 the mesh and its role (:func:`folder_name`: ``<config stem>-chosen``, ``<config stem>-rejected``).
 The functions read and set fields of :class:`meshplan.runtime.validation.slice.MeshResult`.
+
+A slice also places ranks its own way: node-major over the testbed's nodes (rank r on node
+``r // (W / nodes)``, :mod:`meshplan.runtime.validation.slice`), so an axis whose groups sit
+inside one node at full scale can span the testbed's nodes in the slice (newcomer trial 54 #3:
+tp 8 on 2 testbed nodes of 4 ranks ran over the emulated NICs, while at full scale it is inside
+one NVLink node). :func:`crossing_axes` finds the axes whose groups cross nodes for a placement;
+:func:`slice_only_words` says which do so only in the slice: their measured time is not the
+full-scale one, and a mesh rejected for it is rejected on the slice's placement.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
 
 from meshplan.config import Config
 from meshplan.plan import Infeasible, build_plan
@@ -31,11 +41,12 @@ def full_scale(cfg: Config) -> dict[str, Any]:
     :class:`meshplan.memory.timeline.Timeline`; None when the mesh does not resolve) and
     ``full_verdict``, one line: ``feasible at full scale: peak 40.6 GiB <= 71.2 GiB usable`` or
     ``infeasible at full scale: peak 103.3 GiB > 71.2 GiB usable`` (else the plan's reasons; tests/test_slice.py's
-    Llama-3-8B at dp 2 x tp 4 and dp 8 on 8 H100: 79.11 GiB x 0.9 usable)."""
+    Llama-3-8B at dp 2 x tp 4 and dp 8 on 8 H100: 79.11 GiB x 0.9 usable); ``full_crossing``: the mesh
+    axes whose groups cross nodes in the plan's placement (:func:`crossing_axes`; None when no mesh)."""
     plan = build_plan(cfg)
     if isinstance(plan, Infeasible):
         return dict(full_feasible=False, full_peak_bytes=None, full_usable_bytes=None,
-                    full_verdict="infeasible at full scale: " + "; ".join(plan.reasons))
+                    full_verdict="infeasible at full scale: " + "; ".join(plan.reasons), full_crossing=None)
     tl = plan.timeline
     peak, usable = tl.peak.total_bytes, tl.usable_bytes
     if plan.feasible:
@@ -44,7 +55,41 @@ def full_scale(cfg: Config) -> dict[str, Any]:
         verdict = f"infeasible at full scale: peak {peak / GiB:.1f} GiB > {usable / GiB:.1f} GiB usable"
     else:
         verdict = "infeasible at full scale: " + "; ".join(plan.reasons)
-    return dict(full_feasible=plan.feasible, full_peak_bytes=peak, full_usable_bytes=usable, full_verdict=verdict)
+    return dict(full_feasible=plan.feasible, full_peak_bytes=peak, full_usable_bytes=usable, full_verdict=verdict,
+                full_crossing=crossing_axes(plan.mesh, plan.placement.node))
+
+
+def crossing_axes(mesh, node_of) -> list[str]:
+    """The mesh axes (degree > 1) of which some group holds ranks of more than one node;
+    ``node_of``: the node of each rank (a plan's ``placement.node``, or ``arange(W) // per_node``).
+
+    >>> from meshplan.mesh.resolve import resolved_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> m = resolved_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[1, 8]), 8)
+    >>> crossing_axes(m, np.arange(8) // 4), crossing_axes(m, np.arange(8) // 8)
+    (['tp'], [])
+    """
+    node_of = np.asarray(node_of)
+    out = []
+    for axis in mesh.layout.names:
+        if mesh.degree(axis) > 1:
+            nodes = node_of[mesh.groups(axis)]
+            if (nodes.min(axis=1) != nodes.max(axis=1)).any():
+                out.append(axis)
+    return out
+
+
+def slice_only_words(axes: list[str]) -> str:
+    """The warning for the axes that cross nodes in the slice and not at full scale; "" when none.
+
+    >>> slice_only_words(["tp"])
+    'tp crosses nodes in this slice (not at full scale): its measured time is not the full-scale one'
+    """
+    if not axes:
+        return ""
+    verb = "crosses" if len(axes) == 1 else "cross"
+    return (f"{' and '.join(axes)} {verb} nodes in this slice (not at full scale): "
+            f"{'its' if len(axes) == 1 else 'their'} measured time is not the full-scale one")
 
 
 def choose(results: list[MeshResult]) -> Optional[MeshResult]:
@@ -75,6 +120,10 @@ def assign_roles(results: list[MeshResult], best: Optional[MeshResult]) -> None:
         else:
             r.why = (f"measured {_ms(r.measured_s)}, {r.measured_s / best.measured_s:.2f}x the chosen "
                      f"{best.name}'s {_ms(best.measured_s)}")
+            placed = [f"in {m.name}, {slice_only_words(m.slice_only_crossing)}" for m in (r, best)
+                      if m.slice_only_crossing]
+            if placed:  # the order on the slice's placement, which is not the job's (nc54 #3)
+                r.why += f" (the slice's placement: {'; '.join(placed)})"
 
 
 def folder_name(r: MeshResult) -> str:

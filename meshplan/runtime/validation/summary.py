@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.runtime.execution.worker import write_atomic
+from meshplan.runtime.validation.breakdown import KERNEL_PARTS, SUSPECT_FACTOR, in_step_ratios, suspect
 from meshplan.runtime.validation.coverage import everywhere
 from meshplan.runtime.validation.evidence import CHECKPOINT_BYTES_TOLERANCE
 from meshplan.runtime.validation.memcheck import KIND_TOLERANCE
@@ -88,7 +89,7 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
             if comp.get("calibration_line"):
                 lines += [comp["calibration_line"], ""]
             if comp.get("staged"):
-                lines += world_lines(comp["staged"], r.get("elapsed_s"))
+                lines += world_lines(comp["staged"], r.get("elapsed_s"), comp["predicted_vs_measured"])
         fault = r.get("fault")
         if fault:
             lines += [f"Failed rank(s): {fault['failed_ranks']}. Nothing below is a result:", ""]
@@ -156,7 +157,7 @@ def checkpoint_error(staged: dict) -> Optional[float]:
     return top["bytes_error"]
 
 
-def world_lines(staged: dict, elapsed_s: Optional[float] = None) -> list[str]:
+def world_lines(staged: dict, elapsed_s: Optional[float] = None, rows: Optional[list] = None) -> list[str]:
     """The staged sections of one world in ``summary.md`` (``elapsed_s``: the launch's wall
     time, to show the curves' share of it)."""
     lines = ["### Message curves (predicted against measured)", ""]
@@ -187,13 +188,7 @@ def world_lines(staged: dict, elapsed_s: Optional[float] = None) -> list[str]:
         lines.append("no group collectives recorded")
     lines += ["", "### Local kernels, per call (predicted by the kernel-efficiency model against measured)", ""]
     if staged["kernels"]:
-        lines += ["One call of each kernel, timed in the validate process before the launch (one thread, divided by "
-                  "the rank's core share); predicted on the testbed's description without the measured table. The "
-                  "step model uses the measured column, not the predicted one: the `step part` rows count these "
-                  "calls per step (e.g. attention: layers x micro-batches, forward and backward).", ""]
-        lines += ["| kernel | shape | predicted per call | measured per call | error |", "|---|---|---|---|---|"]
-        lines += [f"| {r['kernel']} | {r['shape']} | {_us(r['predicted_s'])} | {_us(r['measured_s'])} | "
-                  f"{_err(r['error'])} |" for r in staged["kernels"]]
+        lines += kernel_lines(staged["kernels"], in_step_ratios(rows or []))
     lines += ["", "### Checkpoint per rank (DCP save and load)", ""]
     if staged["checkpoint"]:
         lines += ["| rank | bytes predicted | bytes measured | error | save predicted | save | load predicted | load |",
@@ -206,6 +201,40 @@ def world_lines(staged: dict, elapsed_s: Optional[float] = None) -> list[str]:
     else:
         lines.append("none: " + "; ".join(m for m in staged["missing"] if m.startswith("checkpoint")))
     return lines + [""]
+
+
+def kernel_lines(kernels: list[dict], ratios: dict) -> list[str]:
+    """The local kernels table: per call the kernel-efficiency model against the time measured
+    in the validate process before the launch (the step model's input), and per kernel part
+    the same kernels in the profiled step (``ratios``:
+    :func:`~meshplan.runtime.validation.breakdown.in_step_ratios`), the pre-launch column marked
+    SUSPECT where the two differ by more than 2x, and which the prediction used (nc54 #4).
+
+    >>> ks = [dict(kernel="gemm", shape="4x256x64", predicted_s=1.9e-4, measured_s=6.1e-5, error=-0.68)]
+    >>> print(kernel_lines(ks, {"GEMM kernels": (0.02093, 0.00135, 0.0645)})[4])
+    | gemm | 4x256x64 | 190 us | 61 us | -68% | 0.065x (1.35 of 20.93 ms a step): SUSPECT |
+    """
+    lines = ["One call of each kernel, timed in the validate process before the launch (one thread, divided by the "
+             "rank's core share); predicted on the testbed's description without the measured table. The step model "
+             "uses the measured column (made before the launch, as a prediction must be), not the predicted one: the "
+             "`step part` rows count these calls per step (e.g. attention: layers x micro-batches, forward and "
+             "backward). `in the profiled step`: the same kernels' time in the profiled step over the measured "
+             "column x calls, per part; SUSPECT where they differ by more than "
+             f"{SUSPECT_FACTOR:g}x (the pre-launch timing, not the kernel, is then what the step's error traces to).", "",
+             "| kernel | shape | predicted per call | measured per call | error | in the profiled step |",
+             "|---|---|---|---|---|---|"]
+    for r in kernels:
+        got = ratios.get(KERNEL_PARTS.get(r["kernel"], ""))
+        step = "n/a" if got is None else (f"{got[2]:.2g}x ({got[1] * 1e3:.2f} of {got[0] * 1e3:.2f} ms a step)"
+                                          + (": SUSPECT" if suspect(got[2]) else ""))
+        lines.append(f"| {r['kernel']} | {r['shape']} | {_us(r['predicted_s'])} | {_us(r['measured_s'])} | "
+                     f"{_err(r['error'])} | {step} |")
+    bad = [f"{part} {v[2]:.2g}x" for part, v in ratios.items() if suspect(v[2])]
+    if bad:
+        lines += ["", f"SUSPECT: the pre-launch kernel times differ from the same kernels in the profiled step by more "
+                      f"than {SUSPECT_FACTOR:g}x ({', '.join(bad)}); the prediction used the pre-launch (measured) column, "
+                      f"so its step parts carry that error (e.g. a host loaded by other work while it timed them)."]
+    return lines
 
 
 def cross_world_lines(staged_by_world: dict[int, dict]) -> list[str]:
