@@ -137,6 +137,7 @@ from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.interop.torchtitan_tables import (
+    kv_heads_note,
     MULTI_STAGE,
     SCHEDULE_NAMES,
     SCHEDULES,
@@ -354,6 +355,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     tables["memory"] = {"cross_entropy": "compiled" if compiled else "torch", "expandable_segments": True}
     if deg["tp"] > 1:  # DTensor SP: the Linears keep their all-gathered input (module docstring)
         tables["memory"]["sp_gathered_input"] = True
+    kv_heads_note(table_model(tables["model"]), deg["cp"], notes)
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)
