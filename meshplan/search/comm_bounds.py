@@ -181,8 +181,10 @@ def _fsdp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndar
     out = {}
     # each weight in its gather dtype (training.gather_dtype: float8 Linear weights under
     # fp8_all_gather), as the collective table sizes the unit's all-gather
-    out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, _padded_unit(tt.tables, c, gather=True), c.tp),
-                              0.0)
+    gathered = _padded_unit(tt.tables, c, gather=True)
+    if t.fp8_all_gather:  # off at dp_shard 1, FSDP over cp gathering the compute dtype (TrainingSpec.at_dp_shard)
+        gathered = np.where(c.dps > 1, gathered, unit * cd)
+    out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, gathered, c.tp), 0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
     # the [norm, output] unit's reduce-scatter (unpadded elements: never above the table's; the
     # output layer counted, a tied one being its own unit only under pp)
