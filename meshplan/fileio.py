@@ -91,6 +91,8 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
         raise ConfigError(field, f"{dest} is a folder; give a file path")
     if folder and dest.exists() and not dest.is_dir():
         raise ConfigError(field, f"{dest} is a file; give a folder path")
+    if device(dest) and not folder:  # /dev/null, a FIFO: written through, never replaced
+        return dest
     if dest.exists() and not force and not (folder and not any(dest.iterdir())) and not owned(dest):
         raise taken(dest, field)
     anc = dest.parent
@@ -103,6 +105,17 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
         raise ConfigError(field, f"cannot write {dest}: folder {dest.parent} does not exist; create it or choose "
                           f"another path")
     return dest
+
+
+def device(path: Path) -> bool:
+    """Whether ``path`` is an existing character device or FIFO (``-o /dev/null``, a named pipe):
+    an output meshplan writes through, never refused as taken nor replaced (newcomer trial 53 #8).
+
+    >>> import pathlib
+    >>> device(pathlib.Path("/dev/null")), device(pathlib.Path("/"))
+    (True, False)
+    """
+    return path.is_char_device() or path.is_fifo()
 
 
 def page_folder(path) -> bool:
@@ -188,6 +201,13 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     dest = check_destination(path, field, force, create_folders=create_folders)
     force = force or owned(dest)
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    if device(dest):  # written through: a temporary file renamed over it would replace the device
+        try:
+            with open(dest, "wb") as f:
+                f.write(raw)
+        except OSError as err:
+            raise _oserror(dest, field, err) from None
+        return dest
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -240,7 +240,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, resolve.Infeasible):
         return Infeasible(config, spec, world, mesh.reasons, constraints)
-    t = t.at_pp(mesh.degree("pp"))  # reshard_after_forward unset: this mesh's default (TrainingSpec.at_pp)
+    # reshard_after_forward unset: this mesh's default (TrainingSpec.at_pp); fp8_all_gather as torchtitan runs it
+    t = t.at_pp(mesh.degree("pp")).at_dp_shard(mesh.degree("dp_shard") * mesh.degree("dp"))
     config = replace(config, training=t)
     config, spec, no_pipeline = without_pipeline(config, spec, mesh)
     v = _stages(config, spec, mesh, no_pipeline)

@@ -57,12 +57,15 @@ def _same_loss(again, cfg):
     it likewise); and, under framework megatron on both sides, with ``cfg``'s Megatron-LM generation
     (``training.megatron_runtime``): a Megatron-LM import states today's (core) whatever generation
     the exported plan followed, which the export's header says and roundtrip.differences skips
-    likewise; the rest of the plan must be the same."""
+    likewise; and with ``cfg``'s ``sp_gathered_input``: a torchtitan import states torch's tp saving
+    its all-gathered GEMM inputs (newcomer trial 53), the runtime's, which roundtrip.differences skips
+    too; the rest of the plan must be the same."""
     if cfg.training.framework == again.training.framework == "megatron":
         again = replace(again, training=again.training.model_copy(update={
             "megatron_runtime": cfg.training.megatron_runtime,
             "dataloader_attention_mask": cfg.training.dataloader_attention_mask}))
-    return replace(again, memory=again.memory.model_copy(update={"cross_entropy": cfg.memory.cross_entropy}))
+    return replace(again, memory=again.memory.model_copy(update={"cross_entropy": cfg.memory.cross_entropy,
+                                                                 "sp_gathered_input": cfg.memory.sp_gathered_input}))
 
 
 def _outcome(cfg):

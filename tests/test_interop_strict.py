@@ -166,7 +166,7 @@ def test_torchtitan_float8_all_gather(tmp_path):
     # dp_shard 1 (tp 8 on 8 GPUs): torchtitan's dp_shard_enabled is false, nothing gathered
     cfg = _float8(tmp_path, "enable_fsdp_float8_all_gather = true", shard=1, tp=8)
     assert cfg.training.fp8_all_gather is False
-    assert any("data_parallel_shard_degree 1: torchtitan gathers no weights" in n for n in cfg.notes)
+    assert any("data_parallel_shard_degree 1 and no cp: FSDP shards nothing" in n for n in cfg.notes)
     with pytest.raises(ConfigError, match=r"^quantize.linear.float8.recipe_name: 'rowwise' with "
                                           r"enable_fsdp_float8_all_gather = true: torchtitan refuses the pair"):
         _float8(tmp_path, 'enable_fsdp_float8_all_gather = true\nrecipe_name = "rowwise"')

@@ -153,7 +153,8 @@ def test_tp16_on_8gpu_nodes_warns_with_the_cost():
         tp = [w for w in c.warnings if w.startswith("tp 16 > 8 GPUs per node")]
         assert len(tp) == 1, c.warnings
         assert ("each tp group spans 2 nodes (up to 8 members per node) and every layer's tp collectives cross "
-                "the network: 8 ring hops x 100000 = 800000 per step (99.2% of the weak-path bytes)") in tp[0]
+                "the network: 8 ring hops between NVLink domains x 100000 (the bytes each rank sends per step, "
+                "each hop carrying them) = 800000 per step (99.2% of the weak-path bytes)") in tp[0]
     assert not choose_placement(mesh(["dp_shard", "tp"], [4, 16]), system("dgx-h100", 8)).changed
     # the bad order is rebuilt with tp split 8 inside x 2 across
     c = choose_placement(mesh(["tp", "dp_shard"], [16, 4]), system("dgx-h100", 8))

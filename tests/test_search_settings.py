@@ -110,10 +110,15 @@ TIGHT = {"fp8": (0.98, 0.91), "no_sync": (0.92, 0.85), "no_sync_unsharded": (0.9
 def test_bound_stays_tight_where_the_setting_applies(case):
     """Tightness: on the candidates the setting changes (pp 1 FSDP under accumulation, FSDP
     with fp8) the bounds stay as close to the exact steps as measured (:data:`TIGHT`): a bound
-    that dropped their FSDP gathers would fall further."""
+    that dropped their FSDP gathers would fall further. fp8_all_gather changes only dp_shard > 1
+    candidates since newcomer trial 53 (torchtitan's dp_shard_enabled rule, TrainingSpec.at_dp_shard):
+    at dp_shard 1 FSDP gathers over cp in bf16, as a bf16 config's candidates, whose exposed gathers
+    the bound does not see (their ratios 0.57-0.72 here)."""
     cfg, r, plans, name = case
     c = r.candidates
     on = np.isin(c.sh, FSDP_SHARDINGS) & (c.dps * c.cp > 1)
+    if cfg.training.fp8_all_gather:
+        on &= c.dps > 1
     if cfg.training.grad_accumulation != "sync":
         on &= accumulates(cfg, c.pp, c.sh)
     ratio = np.array([r.est.step_lo[i] / plans[i][3] for i in np.flatnonzero(on) if plans[i][0]])
@@ -176,7 +181,8 @@ def test_accumulation_gathering_passes(mode, reshard, want):
 
 def test_candidates_get_the_setting_where_it_applies():
     """grad_accumulation runs on pp 1 FSDP candidates and is 'sync' elsewhere (pipelining does it
-    itself; ZeRO-1 reduces once per step); fp8_all_gather on FSDP candidates only, the float8
+    itself; ZeRO-1 reduces once per step); fp8_all_gather on FSDP candidates with dp_shard > 1 only
+    (torchtitan turns it off at dp_shard 1: TrainingSpec.at_dp_shard), the float8
     GEMMs (linear_dtype, fp8_output_layer: the workload) on every candidate. Every candidate's
     training contract is a valid config (the validators' rules)."""
     cfg = config({"grad_accumulation": "no_sync", "linear_dtype": "fp8", "fp8_all_gather": True,
@@ -188,7 +194,7 @@ def test_candidates_get_the_setting_where_it_applies():
         TrainingSpec.model_validate(t.model_dump())
         fsdp = SHARDING[c.sh[i]] in ("zero3", "hsdp")
         assert t.grad_accumulation == ("no_sync" if fsdp and c.pp[i] == 1 else "sync")
-        assert t.fp8_all_gather == fsdp and (t.linear_dtype, t.fp8_output_layer) == ("fp8", True)
+        assert t.fp8_all_gather == (fsdp and c.dps[i] > 1) and (t.linear_dtype, t.fp8_output_layer) == ("fp8", True)
         seen.add((fsdp, int(c.pp[i]) == 1))
     assert seen == {(True, True), (True, False), (False, True), (False, False)}
 

@@ -333,8 +333,10 @@ mode = "none"
 def test_torchtitan_memory_fix_names_the_file_keys(tmp_path, capsys):
     """Llama-3-70B at dp_shard 4 x tp 2, local batch 2, no AC on one node does not fit: the fix's
     knobs are activation_checkpoint.mode = "full", training.local_batch_size 1 and the degrees' keys.
-    At seq 8192, 2 nodes (dp 8 at local batch 1: global 8) fit at 70.9 GiB of 79.11 x 0.9 = 71.2 GiB
-    usable, within the batch; at seq 16384 they do not, and the batch cap names
+    At seq 8192, 2 nodes (dp 8 at local batch 1: global 8) fit at 71.0 GiB of 79.11 x 0.9 = 71.2 GiB
+    usable, within the batch (70.9 GiB before nc53 #1: the import's ``[memory] sp_gathered_input``
+    keeps the output layer's all-gathered input, 8192 x 8192 x 2 B = 128 MiB, where the sequence
+    shard, 64 MiB, was counted: +0.06 GiB; the full-AC layers keep their input only); at seq 16384 they do not, and the batch cap names
     training.global_batch_size (8 = 2 x 4, torchtitan's -1 default). (At the datasheet's 67.1 GiB the
     seq-8192 job needed more nodes than the batch allowed, and its line named the cap.)"""
     job = tmp_path / "mem.toml"
@@ -346,7 +348,7 @@ def test_torchtitan_memory_fix_names_the_file_keys(tmp_path, capsys):
     assert "; training.local_batch_size 1 -> peak " in fix
     assert "; tensor_parallel_degree x2 (data_parallel_shard_degree 2 x tensor_parallel_degree 4) -> peak " in fix
     assert ("2 nodes would (activation_checkpoint.mode = \"full\" + training.local_batch_size 1, "
-            "data_parallel_shard_degree 8 x tensor_parallel_degree 2: peak 70.9 GiB)") in fix
+            "data_parallel_shard_degree 8 x tensor_parallel_degree 2: peak 71.0 GiB)") in fix
     long = tmp_path / "mem16.toml"
     long.write_text(MEM.replace("seq_len = 8192", "seq_len = 16384"))
     assert _main("plan", long, "--cluster", "dgx-h100", "--nodes", 1) == 1
@@ -388,10 +390,14 @@ def test_torchtitan_step_hint_names_the_file_keys(tmp_path, capsys):
     """Llama-3-70B at dp_shard 32 x tp 8 (32 nodes), 16 micro-batches: FSDP's re-gathers give a
     hint whose knobs are written as the job TOML sets them: parallelism.fsdp_reshard_after_forward
     = "never" (not training.reshard_after_forward = false, whose value torchtitan does not take)
-    and training.local_batch_size; grad_accumulation has no torchtitan key and keeps its name."""
+    and training.local_batch_size; grad_accumulation has no torchtitan key and keeps its name.
+    On DGX H200: since nc53 #1 the import keeps the tp all-gathered inputs of wq/wk/wv and w1/w3
+    (``[memory] sp_gathered_input``), 2 x (8192 x 8192 - 8192 x 8192 / 8) x 2 B = 224 MiB more a layer
+    and micro-batch, 80 x 224 MiB = 17.5 GiB (reshard-never peak 48.1 -> 65.7 GiB), so local batch
+    2 (59.3 + 2 x 17.5 = 94.3 GiB) no longer fits an H100's usable 71.2 GiB; an H200 holds it (94.5 GiB)."""
     job = tmp_path / "hint.toml"
     job.write_text(HINT)
-    assert _main("step", job, "--cluster", "dgx-h100", "--nodes", 32) == 0
+    assert _main("step", job, "--cluster", "dgx-h200", "--nodes", 32) == 0
     hint = [line for line in capsys.readouterr().out.splitlines() if line.startswith("hint: exposed fsdp")]
     assert len(hint) == 1
     assert 'parallelism.fsdp_reshard_after_forward = "never" (step ' in hint[0]

@@ -23,8 +23,9 @@ def differences(a: Config, b: Config) -> list[str]:
     """The meshplan fields in which ``b`` (a re-imported export) differs from ``a``, as
     ``table.key: A -> B`` lines; the model by its fields (not its name or source), the mesh
     by its degrees, options and layer split, the [memory] table when ``a`` sets it (but
-    ``cross_entropy``, the loss of whichever runtime runs the export, and ``expandable_segments``,
-    the allocator option of its launch script)."""
+    ``cross_entropy``, the loss of whichever runtime runs the export, ``expandable_segments``,
+    the allocator option of its launch script, and ``sp_gathered_input``, what its tensor parallelism
+    saves)."""
     out = []
     ma, mb = a.model.architecture(), b.model.architecture()
     out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
@@ -46,8 +47,10 @@ def differences(a: Config, b: Config) -> list[str]:
     # keeps Megatron's): what runs the exported job decides it, no field the export could carry; so
     # does the allocator's PYTORCH_CUDA_ALLOC_CONF, set by the launch script (torchtitan's run_train.sh)
     ma_, mb_ = _memory(a), _memory(b)
+    # so does the saved input of a tp GEMM (torch's DTensor keeps the all-gathered one, Megatron-LM gathers again)
     moved = _memory_moved(ma_, mb_.model_copy(update={"cross_entropy": ma_.cross_entropy,
-                                                      "expandable_segments": ma_.expandable_segments}))
+                                                      "expandable_segments": ma_.expandable_segments,
+                                                      "sp_gathered_input": ma_.sp_gathered_input}))
     out += [f"memory: {', '.join(moved)}"] if moved else []
     if a.checkpoint_interval_steps != b.checkpoint_interval_steps:  # DeepSpeed's JSON has no save interval
         out.append(f"reliability.checkpoint_interval_steps: {a.checkpoint_interval_steps!r} -> "

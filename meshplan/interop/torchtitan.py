@@ -67,6 +67,16 @@ compile.enable (+ components model, loss)      training.torch_compile (default o
                                                  memory.cross_entropy "torch" (the eager loss's
                                                  fp32 logits) or, loss compiled, "compiled"
 (run_train.sh's PYTORCH_CUDA_ALLOC_CONF)       memory.expandable_segments true
+parallelism.tensor_parallel_degree > 1         memory.sp_gathered_input true (torch 2.13 DTensor:
+                                                 ColwiseParallel(input_layouts=Shard(1)) all-gathers
+                                                 in its input hook, so the Linear saves the gathered
+                                                 input; e347b1e models/llama3/infra/parallelize.py:
+                                                 219-236; under float8 TP the fp8 copy instead:
+                                                 :mod:`meshplan.memory.activations`)
+(n_kv_heads < n_heads)                         memory.kv_expanded false: since ff0829c (in v0.2.2)
+                                                 llama3 passes enable_gqa to SDPA, no repeat_kv
+                                                 (e347b1e models/llama3/model/model.py:201, 275, 295;
+                                                 torch's flash and cuDNN backends take GQA as is)
 optimizer.name AdamW / Adam                    training.optimizer adamw / adam
 optimizer.implementation "fused" / "foreach"   training.optimizer_impl (unset: "fused", torchtitan's
   (before 2025: optimizer.fused true / false)    default since 2025; 9dec370's unset fused: foreach)
@@ -130,6 +140,7 @@ from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.interop.torchtitan_tables import (
+    kv_heads_note,
     MULTI_STAGE,
     SCHEDULE_NAMES,
     SCHEDULES,
@@ -289,7 +300,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     training |= {"grad_clip_norm": float(norm)} if "max_norm" in tr else {}
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
-    return training | read_float8(d, shard, notes) | read_norm(d, notes) | read_optimizer(d, notes) | read_cp_attention(
+    return training | read_float8(d, shard, notes, deg["cp"]) | read_norm(d, notes) | read_optimizer(d, notes) | read_cp_attention(
         par, deg["cp"], notes)
 
 
@@ -345,6 +356,9 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     # torchtitan launches with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (9dec370 run_llama_train.sh
     # line 22, b5bcd76 run_train.sh line 43): the simulated allocator's option (MemoryOptions)
     tables["memory"] = {"cross_entropy": "compiled" if compiled else "torch", "expandable_segments": True}
+    if deg["tp"] > 1:  # DTensor SP: the Linears keep their all-gathered input (module docstring)
+        tables["memory"]["sp_gathered_input"] = True
+    kv_heads_note(table_model(tables["model"]), deg["cp"], notes)
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)

@@ -128,6 +128,25 @@ CONTEXT_SOURCE = ("torchtitan sizes RoPE to training.seq_len (b5bcd76 models/com
                   "131072 positions: b5bcd76 models/llama3/__init__.py:267, 308, 349)")
 
 
+#: The positions torchtitan's llama3 flavors were trained to (Llama 3.1's RoPE scaling
+#: ``max_context_length``, :data:`CONTEXT_SOURCE`): a job past them runs positions the model never saw.
+LLAMA31_POSITIONS = 131072
+
+
+def _past_trained(table: dict, seq_len: int) -> str:
+    """The words a note adds where a llama3 flavor runs past :data:`LLAMA31_POSITIONS` ("" otherwise).
+
+    >>> _past_trained({"catalog": "llama3-8b"}, 262144)[:48]
+    '; 262144 is past the 131072 positions Llama 3.1 '
+    >>> _past_trained({"catalog": "llama3-8b"}, 131072), _past_trained({"catalog": "qwen3-8b"}, 262144)
+    ('', '')
+    """
+    if not str(table.get("catalog", "")).startswith("llama3-") or seq_len <= LLAMA31_POSITIONS:
+        return ""
+    return (f"; {seq_len} is past the {LLAMA31_POSITIONS} positions Llama 3.1 was trained to (RoPE scaling "
+            f"\"llama\" to {LLAMA31_POSITIONS}): the planned cost holds, the positions past it are untrained")
+
+
 def _flavor_fields(model: ModelSpec) -> dict:
     """:meth:`~ModelSpec.architecture` without ``max_position``: torchtitan takes a flavor's
     positions from the job (:data:`CONTEXT_SOURCE`), so a flavor is its sizes whatever the context."""
@@ -182,7 +201,8 @@ def flavor_context(table: dict, used: set[str], seq_len: int, notes: list[str]) 
     rows = catalog.model(table["catalog"]).max_position if "catalog" in table else table.get("max_position", 0)
     if not rows or seq_len <= rows:
         return table
-    notes.append(f"model.max_position = {seq_len} (training.seq_len; the model states {rows}): {CONTEXT_SOURCE}")
+    notes.append(f"model.max_position = {seq_len} (training.seq_len; the model states {rows}): {CONTEXT_SOURCE}"
+                 f"{_past_trained(table, seq_len)}")
     return table | {"max_position": seq_len}
 
 

@@ -50,14 +50,20 @@ def float8_used(d: dict) -> set[str]:
     return set(FLOAT8) if any(c in LINEAR_CONVERTERS for c in converters) else set()
 
 
-def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
+def read_float8(d: dict, shard: int, notes: list[str], cp: int = 1) -> dict[str, Any]:
     """training.linear_dtype, fp8_output_layer, fp8_recipe (a ``recipe_name`` "rowwise...";
     unset: tensorwise) and fp8_all_gather of the [model] converters and [quantize.linear.float8]
     (module docstring): the output layer converted unless a ``filter_fqns`` entry is part of its
     name ``output`` (default [] since torchtitan a6524d8, April 2025; its presets filter ``"output"``;
     before it torchtitan never converted the output, and the 2024 ``[float8]`` table is read so,
-    :func:`meshplan.interop.torchtitan_legacy.old_float8`); the float8 all-gather only with dp_shard > 1
-    (``parallel_dims.dp_shard_enabled``) and never with a ``recipe_name`` (an assertion there)."""
+    :func:`meshplan.interop.torchtitan_legacy.old_float8`); the float8 all-gather never with a
+    ``recipe_name`` (an assertion there). ``enable_fsdp_float8_all_gather`` is kept wherever FSDP shards
+    (dp_shard x ``cp`` > 1): torchtitan runs it only with dp_shard > 1 (``enable_fsdp_float8_all_gather
+    = parallel_dims.dp_shard_enabled and ...``, e347b1e ``components/quantization/float8.py``:87-89;
+    ``dp_shard_enabled``: ``dp_shard > 1``, ``distributed/parallel_dims.py``:322-323), the rule
+    :meth:`~meshplan.spec.training.TrainingSpec.at_dp_shard` applies to every planned or searched mesh, so a
+    mesh with dp_shard 1 is planned with FSDP's gather over cp in the compute dtype and a searched
+    (or exported) row with dp_shard > 1 keeps the user's float8 all-gather (nc53 #6)."""
     converters = [str(c) for c in d.get("model", {}).get("converters", [])]
     other = [c for c in converters if c not in LINEAR_CONVERTERS + (GROUPED_CONVERTER,)]
     if other:
@@ -94,10 +100,16 @@ def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
         raise ConfigError(key + "recipe_name", f"{f8['recipe_name']!r} with enable_fsdp_float8_all_gather = true: "
                           f"torchtitan refuses the pair (the float8 all-gather is tensorwise scaling only); "
                           f"remove one")
-    if shard == 1:
-        notes.append("enable_fsdp_float8_all_gather with data_parallel_shard_degree 1: torchtitan gathers no "
-                     "weights then (dp_shard disabled), planned without the float8 all-gather")
+    if shard * cp == 1:
+        notes.append("enable_fsdp_float8_all_gather with data_parallel_shard_degree 1 and no cp: FSDP shards "
+                     "nothing (torchtitan's fsdp_enabled is dp_shard > 1 or cp > 1), planned without the float8 "
+                     "all-gather")
         return out
+    if shard == 1:
+        notes.append(f"enable_fsdp_float8_all_gather with data_parallel_shard_degree 1: FSDP gathers the weights over "
+                     f"dp_shard x cp = {cp} in the compute dtype, torchtitan turning the float8 all-gather off "
+                     f"(parallel_dims.dp_shard_enabled: components/quantization/float8.py:87-89 at e347b1e); kept "
+                     f"(training.fp8_all_gather) for meshes with dp_shard > 1, as search and export plan them")
     if not f8.get("precompute_float8_dynamic_scale_for_fsdp", False):
         notes.append("precompute_float8_dynamic_scale_for_fsdp is false: torchao all-reduces each float8 weight's "
                      "amax on its own; planned as one all-reduce of all of them (the precompute)")

@@ -243,3 +243,17 @@ def read_cp_attention(par: dict, cp: int, notes: list[str]) -> dict[str, str]:
              "rotation (training.cp_rotate): the K/V shifted to the next rank beside each step") if cp > 1 else
             "no effect at context_parallel_degree 1 (no ring attention runs)"))
     return {"cp_rotate": rotate} if cp > 1 and rotate == "alltoall" else {}
+
+
+#: The cp traffic's K/V heads against v0.2.2's (nc53 #1): meshplan's torch ring rows size K and V after
+#: repeat_kv (:func:`meshplan.spec.axes.cp.ring_rows`), which torchtitan dropped in ff0829c.
+KV_AT_Q = ("cp {cp}: torch's ring attention is planned with K and V at the {q} q heads (repeat_kv before SDPA, "
+           "torchtitan <= v0.2.1); v0.2.2 passes enable_gqa instead (ff0829c; e347b1e models/llama3/model/model.py:"
+           "201, 275, 295), moving the {g} KV heads: its K/V all-gathers or shifts and dK/dV shifts are {r}x smaller than "
+           "planned, its exposed cp time overstated (memory keeps K/V at the KV heads, [memory] kv_expanded false)")
+
+
+def kv_heads_note(spec, cp: int, notes: list[str]) -> None:
+    """:data:`KV_AT_Q`'s note for a GQA model (``spec``: its ModelSpec, None when not known) at ``cp`` > 1."""
+    if cp > 1 and spec is not None and not spec.is_mla and spec.n_kv_heads < spec.q_heads:
+        notes.append(KV_AT_Q.format(cp=cp, q=spec.q_heads, g=spec.n_kv_heads, r=spec.q_heads // spec.n_kv_heads))

@@ -94,6 +94,16 @@ torch's own accounting of a DTensor/FSDP2 Llama (:mod:`meshplan.runtime.validati
 - ``kv_expanded``: K and V reach the attention kernel repeated to the query heads (``repeat_kv``
   / ``repeat_interleave`` before SDPA, torchtitan's Llama), so the kept K and V hold ``a/t``
   heads instead of ``g/t``.
+- ``float8_tp`` (not a ``[memory]`` field: torchao's float8 TP styles, set from the training
+  contract by :func:`meshplan.memory.workingset.layer_act_sizes`): the QKV, MLP-in and w_out
+  GEMMs keep only the float8 copies of their inputs (1 B, gathered:
+  :func:`meshplan.memory.workingset.float8_copies`), so their compute-dtype input terms are left
+  out. ``PrepareFloat8ModuleInput`` casts the norm's output before the Shard(1) -> Replicate
+  all-gather and ``Float8RowwiseParallel`` casts w_out's input (pytorch/ao 36027d8
+  ``torchao/float8/float8_tensor_parallel.py``:114-132, 170-239); ``matmul_with_hp_or_float8_args``
+  saves that already-cast input (``float8_linear.py``:45, 51-52); the amax of the cast runs under
+  ``no_grad`` (``float8_utils.py``:56-69): the bf16 norm output and the bf16 product ``silu(gate) *
+  up`` are kept by no one. The SDPA output stays (the kernel saves it) beside wo's fp8 copy.
 - Not counted: the fp32 norm statistics ``4 s b`` per norm (1/h of its input) and the RoPE
   tables (``s d`` elements, shared by every layer).
 
@@ -147,6 +157,8 @@ def _norm_and_gemm_input(dims: LayerDims, lc: LocalSizes, norm: str, gemm: str, 
     out = [Term(f"{norm} input", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}")]
     if v.get("unfused_norm"):
         out.append(Term(f"{norm} normalised input (x*rstd)", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}"))
+    if v.get("float8_tp"):  # the GEMMs keep the fp8 copy cast before the gather (float8_copies)
+        return out
     if v.get("sp_gathered_input") and r:
         return out + [Term(f"{gemm} input (all-gathered)", e * lc.tok * b * h, f"{e}*{S}*b*h")]
     return out + [Term(f"{gemm} input", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}")]
@@ -203,6 +215,8 @@ def _mlp_terms(dims: LayerDims, lc: LocalSizes, fused_glu: bool, v: dict) -> lis
     else:
         out += [Term(n, e * rows * lc.f, f"{e}*{S}*b*f/t")
                 for n in ("gate", "silu output", "up", "w_out input")]
+    if v.get("float8_tp"):  # w_down keeps its Float8RowwiseParallel fp8 copy only (float8_copies)
+        out = [t for t in out if t.name != "w_out input"]
     if dims.dropout:
         out.append(Term("mlp residual dropout mask", lc.rtok * b * h, f"{S}*b*h{r}"))
     return out
@@ -235,7 +249,7 @@ def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
     [2048, 16384]
     """
     _check_recompute(recompute)
-    if set(variants) - set(VARIANTS):
+    if set(variants) - set(VARIANTS) - {"float8_tp"}:
         raise TypeError(f"unknown layer_terms options {sorted(set(variants) - set(VARIANTS))}")
     lc = _local(dims, tp, sp, cp)
     if recompute == "full":

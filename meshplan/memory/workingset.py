@@ -68,7 +68,7 @@ from typing import Optional
 from math import ceil
 
 from meshplan.compute import float8
-from meshplan.compute.dtensor_sp import fp8_tp_gathers
+from meshplan.compute.dtensor_sp import float8_tp, fp8_tp_gathers
 from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
 from meshplan.compute.recompute import op_replays_ep
 from meshplan.compute.shapes import layer_gemms
@@ -124,6 +124,7 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     fused = opts.fused_glu_for(training) and model.gated_mlp
     parts = layer_parts(training.recompute_modules, moe, model.is_mla)
     lo = {**layer_options(mesh, training), **opts.variants, "fused_glu": fused, "parts": parts}
+    lo["float8_tp"] = lo["tp"] > 1 and not moe and float8_tp(model, training, mesh.sequence_parallel)
     tp, a = lo["tp"], dtype_bytes(training.compute_dtype)
     tok, rtok = _tokens(training, mesh)
     h = model.hidden

@@ -151,7 +151,8 @@ def _per_layer(c, axis: str, loc: GroupLocality) -> str:
     b = c.weights_source != "default"
     cost = c.after.by_axis.get(axis)
     tail = "" if cost is None or c.after.total <= 0 else (
-        f": {_hops(cost)} x {_fmt(cost.weight, b)} = {_fmt(cost.network_bytes, b)} per step "
+        f": {_hops(cost)} x {_fmt(cost.weight, b)} (the bytes each rank sends per step"
+        f"{', each hop carrying them' if cost.kind != 'all-to-all' else ''}) = {_fmt(cost.network_bytes, b)} per step "
         f"({100 * cost.network_bytes / c.after.total:.1f}% of the weak-path bytes)")
     spans = (f"each {axis} group spans {loc.max_domains} {'nodes' if dom == 'node' else 'NVLink domains'} (up to "
              f"{loc.max_per_node} member{'s' if loc.max_per_node > 1 else ''} per node) and every layer's {axis} "
@@ -307,4 +308,4 @@ def _hops(cost) -> str:
     if cost.kind == "all-to-all":
         return (f"{cost.network_hops:.1f} (the sum over the ranks of (n - g)/(n - 1), the share of its all-to-all "
                 f"bytes a rank sends outside its NVLink domain of g members)")
-    return f"{cost.network_hops} ring hops"
+    return f"{cost.network_hops} ring hops between NVLink domains"

@@ -68,7 +68,8 @@ def accumulates(cfg: Config, pp, sh) -> np.ndarray:
 def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     """The training fields of candidate ``i`` where a config setting does not apply to it:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
-    without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``fp8_param_gather`` off
+    without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay) or at dp_shard 1
+    (:meth:`~meshplan.spec.training.TrainingSpec.at_dp_shard`, torchtitan's rule), ``fp8_param_gather`` off
     outside zero1 (Megatron-LM's distributed optimizer's),
     ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, the
     fields of its sharding (:func:`sharding_knobs`), as
@@ -77,7 +78,7 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
         out["grad_accumulation"] = "sync"
-    if t.fp8_all_gather and int(c.sh[i]) not in FSDP_SHARDINGS:
+    if t.fp8_all_gather and (int(c.sh[i]) not in FSDP_SHARDINGS or not t.at_dp_shard(int(c.dps[i])).fp8_all_gather):
         out["fp8_all_gather"] = False
     if t.fp8_param_gather and SHARDING[c.sh[i]] != "zero1":
         out["fp8_param_gather"] = False  # Megatron-LM's distributed optimizer's (training_checks)

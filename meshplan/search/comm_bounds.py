@@ -189,6 +189,8 @@ def _fsdp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndar
     # fp8_all_gather), as the collective table sizes the unit's all-gather
     # (``_nic``: each call's NIC seconds, TimeTables._nic: what FSDP2's two queues share, layer_bounds._fsdp_backward)
     gathered = _padded_unit(tt.tables, c, gather=True)
+    if t.fp8_all_gather:  # off at dp_shard 1, FSDP over cp gathering the compute dtype (TrainingSpec.at_dp_shard)
+        gathered = np.where(c.dps > 1, gathered, unit * cd)
     out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, gathered, c.tp), 0.0)
     out["fsdp_ag_nic"] = np.where(on, coll_nic_s(tt, "all-gather", c.fsdp, gathered, c.tp), 0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)

@@ -126,7 +126,9 @@ def _differs(cfg: Config, a: MeshSpec, row: Config) -> Optional[str]:
         return f"mesh.pp_schedule {a.pp_schedule}: the search runs this mesh with {b.pp_schedule}"
     if a.loss_parallel != b.loss_parallel:
         return "mesh.loss_parallel false: the search plans loss parallel"
-    ta, tb = cfg.training.model_dump(), row.training.model_dump()
+    mesh = resolve_mesh(a, cfg.cluster.world)  # the float8 all-gather as this mesh runs it (TrainingSpec.at_dp_shard)
+    t = cfg.training if isinstance(mesh, Unresolved) else cfg.training.at_dp_shard(mesh.degree("dp_shard") * mesh.degree("dp"))
+    ta, tb = t.model_dump(), row.training.model_dump()
     diff = [k for k in ta if ta[k] != tb.get(k)]
     if diff:
         return f"training.{diff[0]} {ta[diff[0]]!r}: the search plans this mesh with {tb.get(diff[0])!r}"

@@ -43,9 +43,10 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
     if (t.overlap_grad_reduce or t.overlap_param_gather) and not (c.sh == SHARDING.index("zero1")).all():
         out.append("training.overlap_grad_reduce and overlap_param_gather are Megatron-LM's DDP-buffer flags (zero1 "
                    "candidates); the others are planned without them (Megatron FSDP forces its own overlap)")
-    if t.fp8_all_gather and not fsdp.all():
-        out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
-                   "parameters with FSDP2 and are planned without it (their Linear GEMMs still in fp8)")
+    if t.fp8_all_gather and not (fsdp & (c.dps > 1)).all():
+        out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp) with dp_shard > 1 (torchtitan's "
+                   "dp_shard_enabled; at dp_shard 1 FSDP gathers over cp in the compute dtype); zero1 candidates "
+                   "gather no parameters with FSDP2; the others are planned without it (their Linear GEMMs still in fp8)")
     return out
 
 

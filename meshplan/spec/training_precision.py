@@ -63,6 +63,27 @@ class TrainingPrecision(TrainingKnobs):
             return "fp8"
         return self.compute_dtype
 
+    def at_dp_shard(self, dp_shard: int):
+        """This training as a mesh of data-parallel shard degree ``dp_shard`` (the data axes FSDP
+        shards over, cp not counted: ``dp_shard``, or meshplan's ``dp`` under zero3) runs it:
+        ``fp8_all_gather`` off where ``dp_shard`` is 1, torchtitan's rule (``enable_fsdp_float8_all_gather =
+        parallel_dims.dp_shard_enabled and float8_config.enable_fsdp_float8_all_gather``,
+        pytorch/torchtitan e347b1e ``torchtitan/components/quantization/float8.py``:87-89;
+        ``dp_shard_enabled`` is ``dp_shard > 1``, ``distributed/parallel_dims.py``:322-323): FSDP
+        shards over cp alone then and gathers in the compute dtype. ``build_plan`` and the search's
+        rows (:func:`meshplan.search.candidate.candidate_config`) apply it; the field stays as set, so
+        an export writes the user's setting.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, linear_dtype="fp8", fp8_all_gather=True)
+        >>> t.at_dp_shard(1).fp8_all_gather, t.at_dp_shard(2).fp8_all_gather
+        (False, True)
+        """
+        if not self.fp8_all_gather or dp_shard > 1:
+            return self
+        return type(self).model_construct(_fields_set=set(self.model_fields_set),
+                                          **{**dict(self), "fp8_all_gather": False})
+
     @property
     def float8_tp_gathers(self) -> bool:
         """Whether TP (under sequence parallelism) all-gathers the float8 Linears' inputs and
