@@ -78,7 +78,10 @@ class Config:
     in the user's own entries (:func:`meshplan.mesh.resolve.world_error`); ``source_said``: a foreign
     file's own words, ``(dotted key, value as written)``, for a setting the reader left unset for each
     mesh to resolve, where the file wrote it (torchtitan's ``parallelism.fsdp_reshard_after_forward =
-    "default"``; a key the file omits is absent), which :mod:`meshplan.schedule.reshard_note` quotes."""
+    "default"``; a key the file omits is absent), which :mod:`meshplan.schedule.reshard_note` quotes;
+    ``fp8_all_gather_asked``: set by :func:`meshplan.plan.build_plan` where it turned the float8
+    all-gather off for a mesh of dp_shard 1 (:meth:`~meshplan.spec.training.TrainingSpec.at_dp_shard`):
+    the user's True, which a re-plan of another mesh (:class:`meshplan.schedule.verdict.Rebuilt`) restores."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -95,6 +98,7 @@ class Config:
     source_model: tuple[tuple[str, str], ...] = ()
     filled_axes: tuple[str, ...] = ()
     source_said: tuple[tuple[str, str], ...] = ()
+    fp8_all_gather_asked: bool = False
 
 
 def load_config(path: str | Path, require_mesh: bool = True) -> Config:

@@ -242,7 +242,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         return Infeasible(config, spec, world, mesh.reasons, constraints)
     # reshard_after_forward unset: this mesh's default (TrainingSpec.at_pp); fp8_all_gather as torchtitan runs it
     t = t.at_pp(mesh.degree("pp")).at_dp_shard(mesh.degree("dp_shard") * mesh.degree("dp"))
-    config = replace(config, training=t)
+    asked = config.fp8_all_gather_asked or (config.training.fp8_all_gather and not t.fp8_all_gather)
+    config = replace(config, training=t, fp8_all_gather_asked=asked)
     config, spec, no_pipeline = without_pipeline(config, spec, mesh)
     v = _stages(config, spec, mesh, no_pipeline)
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]

@@ -57,16 +57,19 @@ def test_cp_hint_lists_the_moves_each_replanned():
     cp 352.68 s of a 510.08 s step, 69.1%, the largest stream. The moves (cp_knobs): tp is at the
     node's 8 GPUs, so each smaller cp gives its factor to dp_shard (cp 8, 4, 2, 1: dp_shard 2, 4, 8,
     16), then the other rotation. Each mesh written here by hand, planned and stepped: the line
-    lists the three fastest, cp 1 (dp_shard 16 x tp 8) first, each with its step and exposed cp."""
+    lists the three fastest, cp 1 (dp_shard 16 x tp 8) first, each with its step and exposed cp.
+    After the merge with nc52fixC (NCCL's network rings hold 16 of the H200's 132 SMs while they run): the
+    kernels beside the cp gathers run slower, so part of what was exposed cp is now compute: exposed cp
+    352.68 -> 350.92 s, the step 510.08 -> 510.16 s, 68.8% (read from the model)."""
     cfg = load_any(DATA / "tt_70b_128k.toml", opts=H200)
     plan = build_plan(cfg)
     st = step_time(plan)
-    assert round(st.exposed_s["cp"], 2) == 352.68 and round(st.step_s, 2) == 510.08
+    assert round(st.exposed_s["cp"], 2) == 350.92 and round(st.step_s, 2) == 510.16
     assert [w for w, _, _ in cp_knobs(plan)] == [
         "mesh dp_shard 2 x cp 8 x tp 8", "mesh dp_shard 4 x cp 4 x tp 8", "mesh dp_shard 8 x cp 2 x tp 8",
         "mesh dp_shard 16 x tp 8", "training.cp_rotate = \"alltoall\""]
     (line,) = cp_hint(plan, st, rebuilt_step(plan, step_time))
-    assert line.startswith("hint: exposed cp is 69.1% of the step (352.68 s of 510.08 s; cp 16, ring with the "
+    assert line.startswith("hint: exposed cp is 68.8% of the step (350.92 s of 510.16 s; cp 16, ring with the "
                            "allgather rotation): shorter with mesh dp_shard 16 x tp 8 (step ")
     by_hand = {}
     for dp, cp in ((16, 1), (8, 2), (4, 4)):

@@ -357,7 +357,8 @@ class Rebuilt:
     def _build(self, update: dict, mesh: Optional[MeshSpec]):
         """:meth:`_lean` uncached."""
         cfg = self.plan.config
-        cfg = replace(cfg, training=cfg.training.model_copy(update=update), mesh=mesh or cfg.mesh)
+        asked = {"fp8_all_gather": True} if cfg.fp8_all_gather_asked else {}  # the user's, for another mesh
+        cfg = replace(cfg, training=cfg.training.model_copy(update={**asked, **update}), mesh=mesh or cfg.mesh)
         no_rows = Constraints((), usable_bytes(cfg.cluster, cfg.training))
         try:
             alt = build_plan(cfg, no_rows, memory=False, reports=False)
