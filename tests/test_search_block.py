@@ -15,6 +15,7 @@ block n is none's less n x 4992 B, for every n from 0 (none) to 8 (every layer, 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,11 +25,13 @@ from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
+from meshplan.search.block_bounds import block_lower
 from meshplan.search.block_recompute import chunk_layers
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE
 from meshplan.search.driver import search
 from meshplan.search.estimate import refine
+from meshplan.search.memory import Tables
 from meshplan.search.reasons import CODE, OK
 from tests.cli_run import run_main
 
@@ -150,14 +153,19 @@ def test_block_listed_outside_megatron_is_refused():
     assert e.value.field == "search.recompute" and "Megatron-LM's block recompute" in str(e.value)
 
 
-def test_block_bounds_hold_at_every_n():
+@pytest.mark.parametrize("hbm_gb", [6.0, 3.0])
+def test_block_bounds_hold_at_every_n(hbm_gb):
     """The bounds of a ``block`` row hold whatever n the planner picks: on test_search's small
-    Llama-style model (8 layers) on 8 H100s with 6 GB under framework megatron (pp 1, 2, 4, vpp 1, 2;
-    chunks of 8 down to 1 layers), every block row planned at every n from 1 to its largest chunk's
-    layers less one: the memory lower bound <= the planned peak <= the upper bound, and the step lower
-    bound, vectorised and refined, <= the simulated step. The rows whose chunks hold one layer are
-    rejected (n 1 is full), by rule ``block`` where no earlier rule did."""
-    cfg = config(1, micro_batch=[1], training={"framework": "megatron"}, recompute=["none", "full", "block"],
+    Llama-style model (8 layers) on 8 H100s with 6 GB (every row's least n, ``rm``, 0: none's bound
+    fits), and with 3 GB (rows' least n 1, 2 and 4; where it is 1 or more the step bound counts that
+    many replays per chunk, above none's), under framework megatron (pp 1, 2, 4, vpp 1, 2; chunks of 8 down to 1
+    layers), every block row planned at every n from 1 to its largest chunk's layers less one: the
+    memory lower bound at that n (block_bounds.block_lower) <= the planned peak <= the upper bound,
+    a plan below the row's least n does not fit, and the step lower bound (counting the least n's
+    replays), vectorised and refined, <= the simulated step of every plan that fits. The rows whose
+    chunks hold one layer are rejected (n 1 is full), by rule ``block`` where no earlier rule did,
+    and so is every row whose least n is its largest chunk (only full fits there)."""
+    cfg = config(1, hbm_gb, micro_batch=[1], training={"framework": "megatron"}, recompute=["none", "full", "block"],
                  vpp=[1, 2], tp=[1, 2])
     r = search(cfg, workers=1)
     c = r.candidates
@@ -165,17 +173,31 @@ def test_block_bounds_hold_at_every_n():
     assert (c.rk[block] == chunk_layers(cfg, c.pp[block], c.vpp[block], c.us[block])).all()
     one = block[c.rk[block] <= 1]
     assert len(one) and (r.code[one] != OK).all() and (r.code[one] == CODE["block"]).any()  # or an earlier rule
+    whole = block[(c.rm[block] >= c.rk[block]) & (c.rk[block] > 1) & (r.code[block] != CODE["memory"])]
+    assert (r.code[whole] == CODE["block"]).all() and (len(whole) > 0) == (hbm_gb < 6)
     rows = [int(i) for i in block if c.rk[i] > 1 and not refused(r, int(i)) and np.isfinite(r.est.step_lo[i])]
     est = copy.deepcopy(r.est)
     refine(cfg, c, est, np.array(rows))
-    checked = 0
+    checked, tables = {"fits": 0, "least": 0, "below": 0}, Tables(cfg)
     for i in rows:
         for n in range(1, int(c.rk[i])):
             plan = build_plan(candidate_config(cfg, c, i, block=n))
             peak = plan.timeline.peak.total_bytes
             assert r.est.peak_lo[i] <= peak * (1 + 1e-9) and peak <= r.est.peak_hi[i] * (1 + 1e-9), (i, n)
+            assert block_lower(cfg, tables, c.take([i]), np.array([n]))[0] <= peak * (1 + 1e-9), (i, n)
+            assert n >= c.rm[i] or not plan.feasible, (i, n)
+            checked["below"] += n < c.rm[i]
             if plan.feasible:
                 s = step_time(plan, Overlap()).step_s
                 assert r.est.step_lo[i] <= s * (1 + 1e-9) and est.step_lo[i] <= s * (1 + 1e-9), (i, n)
-                checked += 1
-    assert checked >= 20, checked
+                checked["fits"] += 1
+                checked["least"] += bool(c.rm[i] >= 1)
+    assert checked["fits"] >= 20 if hbm_gb == 6 else checked["least"] >= 3 and checked["below"] >= 3, checked
+    least = np.array([i for i in rows if c.rm[i] >= 1])
+    assert (len(least) > 0) == (hbm_gb < 6)
+    if len(least):  # the replays counted raise the bound (refined from 0 both ways: rm as set, rm 0)
+        est.step_lo[least], zero = 0.0, copy.deepcopy(est)
+        zero.step_lo[least] = 0.0
+        refine(cfg, c, est, least)
+        refine(cfg, replace(c, rm=np.zeros_like(c.rm)), zero, least)
+        assert (est.step_lo[least] > zero.step_lo[least]).all()

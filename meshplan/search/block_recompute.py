@@ -19,15 +19,20 @@ every layer, ``full``; n 0 is none. ``--recompute-method uniform --recompute-num
 together; meshplan plans it as per-layer ``full`` (:mod:`meshplan.interop.megatron_recompute` says so on
 import) and the search does not vary it.
 
-The search's ``block`` row stands for every n from 1 to the largest chunk's layers less one. Its bounds
-hold for all of them (:func:`meshplan.search.columns.bound_recompute`: the memory bounds take each field
-between none's and full's, the step bound none's, which no n undercuts: a checkpointed layer only adds
-its forward's replay). The exact planner (:meth:`meshplan.search.exact.Planner.__call__`) picks the n:
-the smallest whose plan fits (the activations kept fall as n grows: each layer checkpointed keeps its
-input alone, :func:`meshplan.memory.activations.layer_act_sizes`; from n 1 on, the replay's working set is
-there at every n), found by bisection over the plans' memory verdicts, so a row costs
-``2 + ceil(log2(k))`` memory plans for k candidate n, not k. Where none fits (nothing to recompute) or
-only every layer does (the ``full`` row), the row is rejected, rule ``block``.
+The search's ``block`` row stands for every n from 1 to the largest chunk's layers less one. Its memory
+bounds hold for all of them (:func:`meshplan.search.columns.bound_recompute`: each field between none's
+and full's). Its least n (:func:`meshplan.search.block_bounds.least_block`, vectorised: the smallest n whose memory lower bound,
+:func:`meshplan.search.bounds.bounds` at that n, fits the usable memory with ``[search]
+memory_margin``; the bound falls as n grows: each layer checkpointed keeps its input alone) is stored
+in :attr:`~meshplan.search.columns.Candidates.rm`: no smaller n fits, so the step lower bound counts
+that many replayed layers per chunk (:func:`meshplan.search.layer_replays.replayed_layers`: each at the
+replay's extra over none's chain that ``full`` rows count, ``meshplan.search.layer_bounds``), and a
+row whose least n is its whole largest chunk is rejected, rule ``block`` (only ``full``, its own row,
+can fit). The exact planner (:meth:`meshplan.search.exact.Planner.__call__`) picks the n: the smallest
+whose plan fits (from n 1 on, the replay's working set is there at every n), found by bisection over
+the plans' memory verdicts from the least n, so a row costs ``2 + ceil(log2(k))`` memory plans for k
+candidate n at most. Where none fits (nothing to recompute) or only every layer does (the ``full``
+row), the row is rejected, rule ``block``.
 """
 
 from __future__ import annotations
@@ -103,21 +108,25 @@ def block_pointless(rc: np.ndarray, rk: np.ndarray) -> np.ndarray:
     return (rc == RECOMPUTE.index("block")) & (rk <= 1)
 
 
-def smallest_fitting(fits: Callable[[int], bool], most: int) -> Optional[int]:
-    """The smallest n in 1 .. ``most`` - 1 with ``fits(n)``, by bisection (``fits`` monotone there:
-    more layers checkpointed, less kept), or None where ``fits(0)`` (recompute none fits) or not
-    ``fits(most - 1)`` (no block short of every layer fits). ``fits`` is called on 0, ``most`` - 1,
-    then about log2(``most``) n.
+def smallest_fitting(fits: Callable[[int], bool], most: int, least: int = 0) -> Optional[int]:
+    """The smallest n in max(1, ``least``) .. ``most`` - 1 with ``fits(n)``, by bisection (``fits``
+    monotone there: more layers checkpointed, less kept), or None where ``fits(0)`` (recompute none
+    fits; not asked where ``least`` >= 1: none's bound does not fit) or not ``fits(most - 1)`` (no
+    block short of every layer fits). ``fits`` is called on 0, ``most`` - 1, then about
+    log2(``most`` - ``least``) n.
 
     >>> peak = {n: 100 - 10 * n for n in range(11)}  # a 10-layer chunk, 10 units saved per layer kept
     >>> smallest_fitting(lambda n: peak[n] <= 55, 10), smallest_fitting(lambda n: peak[n] <= 100, 10)
     (5, None)
     >>> smallest_fitting(lambda n: peak[n] <= 5, 10), smallest_fitting(lambda n: True, 1)
     (None, None)
+    >>> asked = []
+    >>> smallest_fitting(lambda n: asked.append(n) or peak[n] <= 55, 10, least=4), asked  # 0 not asked
+    (5, [9, 6, 5, 4])
     """
-    if most < 2 or fits(0) or not fits(most - 1):
+    if most < 2 or least >= most or (least < 1 and fits(0)) or not fits(most - 1):
         return None
-    lo, hi = 1, most - 1  # fits(hi)
+    lo, hi = max(1, least), most - 1  # fits(hi)
     while lo < hi:
         mid = (lo + hi) // 2
         if fits(mid):
@@ -127,7 +136,8 @@ def smallest_fitting(fits: Callable[[int], bool], most: int) -> Optional[int]:
     return hi
 
 
-def pick_block(plan_at: Callable[[int], object], most: int, clear: Callable[[object], bool]) -> Optional[int]:
+def pick_block(plan_at: Callable[[int], object], most: int, clear: Callable[[object], bool],
+               least: int = 0) -> Optional[int]:
     """A ``block`` row's n (:func:`smallest_fitting` over the plans ``plan_at(n)``, n 0 ``none``, each a
     :class:`~meshplan.plan.Plan` or :class:`~meshplan.plan.Infeasible`; ``most``: the largest chunk's
     layers): the smallest whose plan fits and is ``clear`` (under ``[search] headroom_tier``, the
@@ -135,6 +145,7 @@ def pick_block(plan_at: Callable[[int], object], most: int, clear: Callable[[obj
     which the tiers list with the clear rows, where the smallest that merely fits is tight by
     construction); where none is, and recompute none does not fit at all, the smallest that fits
     (tight). None where none is clear, or fits while no n short of every layer is clear, or no n fits.
+    ``least``: the row's least n (:func:`~meshplan.search.block_bounds.least_block`; no smaller n fits, none included where >= 1).
 
     >>> class P:  # a plan: feasible, its peak
     ...     def __init__(self, peak): self.feasible, self.peak = peak <= 100, peak
@@ -146,7 +157,7 @@ def pick_block(plan_at: Callable[[int], object], most: int, clear: Callable[[obj
         p = plan_at(n)
         return bool(getattr(p, "feasible", False))
 
-    n = smallest_fitting(lambda k: fits(k) and clear(plan_at(k)), most)
-    if n is None and most >= 2 and not fits(0):
-        n = smallest_fitting(fits, most)
+    n = smallest_fitting(lambda k: fits(k) and clear(plan_at(k)), most, least)
+    if n is None and most >= 2 and (least >= 1 or not fits(0)):
+        n = smallest_fitting(fits, most, least)
     return n

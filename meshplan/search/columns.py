@@ -45,8 +45,8 @@ def bound_recompute(rc: np.ndarray, policy: str) -> np.ndarray:
     the memory bounds take ``none`` and ``full`` and each field's smaller and larger of the two
     (:func:`meshplan.search.bounds.bounds`).
 
-    A ``block`` row counts no replayed layer in its step bound (:mod:`meshplan.search.layer_replays`
-    counts ``layer`` rows'), so its bound is ``none``'s, below its exact step at any n.
+    A ``block`` row's step bound counts the replays of its least n (:attr:`Candidates.rm`,
+    :func:`meshplan.search.layer_replays.replayed_layers`), no more than any n the planner picks.
 
     >>> bound_recompute(np.array([0, 2, 4, 5]), "none").tolist(), bound_recompute(np.array([4, 5]), "full").tolist()
     ([0, 2, 0, 0], [2, 2])
@@ -88,7 +88,10 @@ class Candidates:
     1: no secondary partition); None: the config's on every zero3 row. ``rn``: a ``block`` row's
     ``recompute_num_layers`` n once the exact planner has picked it (0 before, and on every other
     row; :mod:`meshplan.search.block_recompute`); None: no ``block`` row. ``rk``: the layers of the
-    row's largest model chunk (what n counts against; set with ``rn``)."""
+    row's largest model chunk (what n counts against; set with ``rn``). ``rm``: a ``block`` row's
+    least n, the smallest whose memory lower bound fits (:func:`meshplan.search.block_bounds.least_block`,
+    set by :func:`meshplan.search.estimate.estimate`; 0 before, and on every other row): the n the
+    exact planner's bisection starts at and the replays its step lower bound counts."""
 
     pp: np.ndarray
     dpr: np.ndarray
@@ -111,16 +114,18 @@ class Candidates:
     hz: Optional[np.ndarray] = None
     rn: Optional[np.ndarray] = None
     rk: Optional[np.ndarray] = None
+    rm: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return int(self.pp.size)
 
     def take(self, idx) -> "Candidates":
         cols = {f.name: getattr(self, f.name)[idx] for f in fields(self)
-                if f.name not in ("more", "moe", "rd", "hz", "rn", "rk")}
+                if f.name not in ("more", "moe", "rd", "hz", "rn", "rk", "rm")}
         return Candidates(**cols, more={k: v[idx] for k, v in self.more.items()}, moe=self.moe,
                           rd=None if self.rd is None else self.rd[idx], hz=None if self.hz is None else self.hz[idx],
-                          rn=None if self.rn is None else self.rn[idx], rk=None if self.rk is None else self.rk[idx])
+                          rn=None if self.rn is None else self.rn[idx], rk=None if self.rk is None else self.rk[idx],
+                          rm=None if self.rm is None else self.rm[idx])
 
     def block_layers(self, i: int) -> int:
         """Row ``i``'s block recompute n (:attr:`rn`; 0 where not picked, or not a ``block`` row)."""

@@ -230,6 +230,11 @@ def _memory_bounds(cfg: Config, c: Candidates, code: np.ndarray, decided: np.nda
     # (clear of the headroom where the tiers ask for it) none does, and the row adds nothing (rule block)
     roomy = ~(tiers & tight_peak(est.peak_hi * (1 + margin), usable, frac))
     code[fits & roomy & (c.rc == RECOMPUTE.index("block"))] = BLOCK
+    # a block row whose least n (search.block_bounds.least_block) is its whole largest chunk:
+    # only full, its own row, can fit
+    whole = valid & ~over & (c.rc == RECOMPUTE.index("block")) & (c.rm >= c.rk) if c.rm is not None else None
+    if whole is not None:
+        code[whole], decided[whole] = BLOCK, BOUND
     return valid, over
 
 

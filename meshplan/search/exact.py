@@ -125,7 +125,7 @@ class Planner:
             return not (cfg.search.headroom_tier and tight(p.timeline.peak.total_bytes, usable,
                                                             cfg.memory.fragmentation_fraction))
 
-        n = pick_block(plan_at, most, clear)
+        n = pick_block(plan_at, most, clear, int(self.cands.rm[i]) if self.cands.rm is not None else 0)
         last = plans.get(most - 1)
         if n is None and isinstance(last, Infeasible):
             return Exact(i, False, tuple(last.reasons), float("nan"))

@@ -97,7 +97,7 @@ def _layer_chains(cfg: Config, tt: TimeTables, c: Candidates, st: Stages,
     # the others none's; per layer the lower of the two (``cf``, ``cb``) and, on the chunk's
     # replayed layers (replayed_layers), the replay's extra (``df``, ``db``; 0 on other rows)
     df, db = np.zeros_like(cf), np.zeros_like(cb)
-    if np.isin(c.rc, MIXED).any():  # block rows too: per layer the lower of the two, no replay counted
+    if np.isin(c.rc, MIXED).any():  # block rows too: per layer the lower of the two, their least n's replays
         ff, fb = stage_chains(cfg, tt, replace(c, rc=bound_recompute(c.rc, "full")), st, cm, serial)
         df, db = np.maximum(ff - cf, 0.0), np.maximum(fb - cb, 0.0)
         cf, cb = np.minimum(cf, ff), np.minimum(cb, fb)

@@ -261,6 +261,7 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     return Candidates(**{k: v for k, v in cols.items() if k in own}, more=more, moe=cfg.model.is_moe,
                       rd=reshard_defaults(cfg, cols["sh"], cols["pp"]), hz=cols["hz"],
                       rn=np.zeros(len(cols["pp"]), dtype=np.int64) if block else None,
+                      rm=np.zeros(len(cols["pp"]), dtype=np.int64) if block else None,
                       rk=chunk_layers(cfg, cols["pp"], cols["vpp"], cols["us"]) if block else None)
 
 
