@@ -203,6 +203,10 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         raise ConfigError("search.recompute", f"'layer' is torchtitan's per-layer selective AC, searched only where "
                           f"torchtitan runs the rows (framework \"torch\" with FSDP2; here {field} "
                           f"\"{getattr(training, field)}\"): remove it from the list")
+    if "recompute" in search.model_fields_set and "block" in search.recompute and training.framework != "megatron":
+        raise ConfigError("search.recompute", f"'block' is Megatron-LM's block recompute (--recompute-method block), "
+                          f"searched only under training.framework \"megatron\" (here \"{training.framework}\"): "
+                          "remove it from the list")
     check_op_sac_policy(training)
     return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes,

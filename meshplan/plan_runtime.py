@@ -285,6 +285,34 @@ def _config_mesh(config: Config) -> Mesh | None:
 EXPORT_FRAMEWORK = {"megatron": "megatron", "torchtitan": "torch"}
 
 
+def block_recompute_refusal(training, to: str) -> str:
+    """Why export target ``to`` cannot write Megatron-LM's block recompute (``training.recompute_num_layers``
+    n: the first n layers of each model chunk checkpointed, the others whole), "" where it can or the
+    config has none: torchtitan has no such option (torchtitan/distributed/activation_checkpoint.py:
+    ``mode = "full"`` checkpoints every layer; ``selective_ac_option = "<k>"``, in the job TOML meshplan
+    writes, checkpoints the blocks whose 1-based count is a multiple of k, ``_layer_sac_count % ac_freq == 0``,
+    lines 37-40 at the parent of pytorch/torchtitan 114151ad4, which removed it; at b5bcd76 only
+    ``FullAC``, op-level ``SelectiveAC`` and ``MemoryBudgetAC`` remain: none checkpoints the first n layers
+    and keeps the rest), and a DeepSpeed
+    JSON holds no recompute, which the HF Trainer's ``--gradient_checkpointing`` turns on for every layer.
+    Megatron-LM writes it (``--recompute-method block --recompute-num-layers n``), and meshplan's TOML.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", recompute="full", recompute_num_layers=5)
+    >>> block_recompute_refusal(t, "megatron"), block_recompute_refusal(t, "torchtitan").split(": ")[-1]
+    ('', "torchtitan's runtime refuses block recompute")
+    """
+    n = training.recompute_num_layers
+    if n is None or training.recompute != "full" or to not in ("torchtitan", "deepspeed"):
+        return ""
+    has = ("torchtitan's activation_checkpoint checkpoints every layer (mode \"full\") or every k-th "
+           "(selective_ac_option \"<k>\")" if to == "torchtitan" else
+           "a DeepSpeed JSON holds no recompute; the HF Trainer's --gradient_checkpointing checkpoints every layer")
+    return (f"training.recompute_num_layers {n} is Megatron-LM's block recompute (the first {n} layers of each model "
+            f"chunk checkpointed, the others kept whole): {has}, not the first {n}; export it --to megatron, or set "
+            f"recompute_num_layers unset (every layer) or recompute \"none\": {to}'s runtime refuses block recompute")
+
+
 def export_refusals(config: Config, to: str) -> tuple[str, ...]:
     """What the runtime of export target ``to`` (:data:`EXPORT_FRAMEWORK`) refuses in
     ``config`` although ``config``'s own framework runs it, each reason ending with what is
@@ -304,6 +332,9 @@ def export_refusals(config: Config, to: str) -> tuple[str, ...]:
     (("interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM): megatron's runtime refuses
     this pipeline schedule",), ())
     """
+    block = block_recompute_refusal(config.training, to)
+    if block:
+        return (block,)
     target = EXPORT_FRAMEWORK.get(to)
     whole = _config_mesh(config) if to == "torchtitan" and config.training.framework != "torch" else None
     if whole is not None and torch_kv_refused(config.model, whole.degree("tp")):

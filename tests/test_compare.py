@@ -140,7 +140,7 @@ def test_summary_states_the_rule(mb2_pair, tmp_path):
     assert ("Chosen: tp8, decided by: fits where the other does not. Rule: a mesh that does not fit (infeasible, or "
             "its memory peak above usable HBM) loses to one that fits; between two that fit, the search's order: by "
             "predicted step time; within 1% toward fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower "
-            "tp, then fewer and cheaper settings off their default (no recompute before selective, op, layer, full; "
+            "tp, then fewer and cheaper settings off their default (no recompute before selective, op, layer, block, full; "
             "no tp overlap; vpp 1; reshard_after_forward at the mesh's default, resharded, kept gathered under "
             "torch's FSDP2 with pp > 1; the even layer split; 1F1B), then a lower peak memory (peaks "
             "within 1% count as equal), then the shorter step.") in text

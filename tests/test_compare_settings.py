@@ -113,14 +113,15 @@ def _plan(training: dict, mesh: dict):
 
 def test_plan_tie_key_reads_the_settings_as_the_search_holds_them():
     """A plan's key is the search's candidate key: pp 4 x dp_shard 2 (2 axes, tp*pp*cp*ep 4, tp 1);
-    recompute full (index 4 of none, selective, op, layer, full), vpp 2, the Llama 3 short end
+    recompute full (index 5 of none, selective, op, layer, block, full: block, Megatron-LM's first n
+    layers of each chunk, added before full since blockrc), vpp 2, the Llama 3 short end
     stages [7, 9, 9, 7] (ends_short_split of 32 layers over 4), ZBV (PIPELINE index 1): 3
     settings off the default (ZB-V's vpp 2 comes with its name: tie_key.implied_vpp). The even split
     written out ([8, 8, 8, 8]) is no setting; GPipe,
     which the search does not try, counts as one (index 3, after DualPipeV)."""
     mesh = {"names": ["pp", "dp_shard"], "shape": [4, 2]}
     p = _plan({"recompute": "full"}, mesh | {"virtual_stages": 2, "pp_schedule": "zbv", "pp_layer_split": [7, 9, 9, 7]})
-    assert plan_tie_key(p) == (2, 4, 1, 3, 4, 0, 2, 0, 1, 1)
+    assert plan_tie_key(p) == (2, 4, 1, 3, 5, 0, 2, 0, 1, 1)
     even = _plan({"recompute": "none"}, mesh | {"pp_layer_split": [8, 8, 8, 8]})
     assert plan_tie_key(even) == (2, 4, 1, 0, 0, 0, 1, 0, 0, 0)
     gpipe = _plan({"recompute": "none"}, mesh | {"pp_schedule": "gpipe"})
@@ -130,7 +131,7 @@ def test_plan_tie_key_reads_the_settings_as_the_search_holds_them():
 def test_the_pair_rule_is_the_search_rule():
     """compare states the search's words for the settings, not the mesh keys alone."""
     assert TOWARD in PAIR_RULE and TOWARD in RULE_LINE
-    assert "fewer and cheaper settings off their default (no recompute before selective, op, layer, full" in PAIR_RULE
+    assert "fewer and cheaper settings off their default (no recompute before selective, op, layer, block, full" in PAIR_RULE
 
 
 #: Llama-3-8B on one dgx-h100 at pp 4 x dp_shard 2, global batch 8 (m = 8 / (dp 2 x mb 1) = 4

@@ -75,7 +75,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     (micro_batch, recompute, sharding, reshard_after_forward, tp_comm_overlap, float8 linear_dtype, schedule, virtual stages ...) may
     differ, each differing knob shown as a row. The verdict is the search's order through the search's own key: a plan
     that fits beats one that does not; a step shorter by more than 1% wins; within 1%, fewer axes, then lower
-    degrees, then fewer and cheaper settings off their default (recompute none < selective < op < layer < full, no tp
+    degrees, then fewer and cheaper settings off their default (recompute none < selective < op < layer < block < full, no tp
     overlap, vpp 1, resharded, even split, 1F1B), then a peak lower by more than 1%, then the shorter step;
     "decided by:" names the criterion in the search's words. Under the verdict, the reasons: the step's parts that
     differ, under compute the frameworks' kernel choices, the GEMMs and, with the same kernel choices, the kernel
@@ -195,7 +195,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     (op-level "op" under framework torch, tp = cp = 1; Megatron's "selective" under torchtitan only
     where [search] recompute lists it; torchtitan's per-layer "layer", every 2nd layer, its default, with
     ep > 1 or MLA beside op, elsewhere only where [search] recompute lists it: it adds ~40% to a dense
-    search's time), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
+    search's time; under framework megatron Megatron-LM's block recompute, shown "block n/k", the first n of
+    a chunk's k layers checkpointed, n the smallest that fits (keeping 15% free under [search]
+    headroom_tier) where none does not, exported as --recompute-method block --recompute-num-layers n),
+    vpp (interleaved 1F1B), sharding, training.reshard_after_forward
     (FSDP), training.tp_comm_overlap (tp > 1), DeepSpeed ZeRO++ hpZ's training.zero_hpz_partition_size
     (zero3 under DeepSpeed, the data axis the world over more than one node: the config's g, the node's
     GPUs, 1) and the Llama 3 layer split with lighter first and last stages (pp >= 3); [search] narrows

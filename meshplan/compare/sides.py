@@ -169,7 +169,7 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
 def plan_tie_key(plan: Plan) -> tuple[int, ...]:
     """The search's tie key of a resolved plan (:func:`meshplan.search.tie_key.tie_key`): its
     mesh's degrees by search column, and its settings as a search candidate holds them:
-    recompute, tp overlap, vpp, reshard_after_forward (against its default at the plan's pp,
+    recompute (``block`` for ``full`` with ``recompute_num_layers``), tp overlap, vpp, reshard_after_forward (against its default at the plan's pp,
     :meth:`~meshplan.spec.training.TrainingSpec.reshard_default`; no setting where it gathers
     nothing, :func:`~meshplan.search.columns.reshard_acts`), the layer split (off its default when
     it is neither the even split nor the search's default split,
@@ -192,7 +192,9 @@ def plan_tie_key(plan: Plan) -> tuple[int, ...]:
                 PIPELINE.index(name) if name in PIPELINE else OTHER_SCHEDULE)
     acts = reshard_acts(t.sharding in ("zero3", "hsdp"), deg.dps, deg.cp, deg.tp, deg.ep, deg.etp,
                         plan.config.model.is_moe)
-    return tie_key(deg.degree, t.recompute, t.tp_comm_overlap, vpp, t.reshard_after_forward if acts else None,
+    # Megatron-LM's block recompute (full on the first recompute_num_layers of each chunk): the search's "block"
+    rc = "block" if t.recompute == "full" and t.recompute_num_layers is not None else t.recompute
+    return tie_key(deg.degree, rc, t.tp_comm_overlap, vpp, t.reshard_after_forward if acts else None,
                    uneven, schedule, t.reshard_default(pp))
 
 

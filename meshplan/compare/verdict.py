@@ -22,7 +22,7 @@ order decides (:func:`meshplan.search.rank.decide`, one rule in one home): the s
 predicted step wins when it is shorter by more than 1% (:data:`~meshplan.spec.search.TIE`,
 below the model's resolution); within 1%, the mesh with fewer axes of degree > 1, then the
 lower tp*pp*cp*ep, then the lower tp, then the fewer and cheaper settings off their default
-(recompute none < selective < op < layer < full, no tp overlap, lower vpp,
+(recompute none < selective < op < layer < block < full, no tp overlap, lower vpp,
 ``reshard_after_forward`` at the plan's default, kept gathered under torch's FSDP2 with pp > 1
 and resharded elsewhere, the even layer split, 1F1B), then the lower peak memory where the peaks are more
 than 1% apart (more headroom), then the shorter step: each side's key is the search's own

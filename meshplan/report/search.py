@@ -69,7 +69,8 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
     sharding = SHARDING[c.sh[i]]  # names the data axis (axis_shown): dp under zero1/zero2
     degrees = {axis_shown(n, sharding): c.degree(col.column) for n, col in search_axes()}  # the registered axes
     return {"index": i, "mesh": {k: int(v[i]) for k, v in degrees.items()}, "micro_batch": int(c.mb[i]),
-            "recompute": RECOMPUTE[c.rc[i]], "virtual_stages": int(c.vpp[i]), "sharding": sharding,
+            "recompute": RECOMPUTE[c.rc[i]], "recompute_num_layers": c.block_layers(i) or None,
+            "recompute_shown": c.recompute_word(i), "virtual_stages": int(c.vpp[i]), "sharding": sharding,
             "feasible": e.feasible, "reasons": list(e.reasons), "peak_bytes": e.peak_bytes, "step_s": e.step_s,
             "reshard_after_forward": bool(c.rf[i]),
             "reshard_after_forward_default": None if c.reshard_setting(i) is None else c.reshard_default_at(i),
@@ -154,12 +155,12 @@ def header_lines(r: SearchResult) -> list[str]:
             f"tp <= {max_tp(cfg)}; [mesh] of the config ignored",
             "also searched: training.reshard_after_forward (FSDP-sharded parameters), "
             + ("training.tp_comm_overlap (tp > 1), " if overlap_searched(t) else "")
-            + layer_words(r) + hpz_words(r)
+            + layer_words(r) + block_words(r) + hpz_words(r)
             + "first and last stage lighter by one layer each (Llama 3 split, pp >= 3; with vpp > 1 where "
             "(layers + 2) / (pp x vpp) is whole)"
             + "".join(f", pipeline schedule {x} (pp > 1, vpp 2)" for x in o.pp_schedules if x != "1f1b")
             + ("" if "1f1b" in o.pp_schedules else "; pp > 1 only under those"),
-            f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "
+            f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 3} validity rules, memory bounds, "
             f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time; "
             f"memory timelines for {sum(e.complete for e in r.exact.values())} of them)"] + \
         ([] if overlap_searched(t) or o.tp == [1] else [
@@ -186,6 +187,16 @@ def layer_words(r: SearchResult) -> str:
     where = "multi-head latent attention" if cfg.model.is_mla else "ep > 1"
     return (f"recompute layer at ac_freq {LAYER_AC_FREQ} (torchtitan's per-layer AC, selective_ac_option "
             f"\"{LAYER_AC_FREQ}\") with {where}, beside op, ")
+
+
+def block_words(r: SearchResult) -> str:
+    """The "also searched" part for Megatron-LM's block recompute (:mod:`meshplan.search.block_recompute`),
+    where some candidate has it; "" otherwise."""
+    if not (r.candidates.rc == RECOMPUTE.index("block")).any():
+        return ""
+    fit = "keeps 15% free" if r.config.search.headroom_tier else "fits"
+    return ("recompute block n/k (Megatron-LM's --recompute-method block --recompute-num-layers n: the first n of a "
+            f"chunk's k layers) beside none and full, n the smallest that {fit} where none does not, ")
 
 
 def timing_line(r: SearchResult) -> str:
@@ -234,7 +245,7 @@ def top_table(r: SearchResult) -> tuple[list[str], list[list[str]]]:
     usable = usable_bytes(r.config.cluster, r.config.training)
     for k, e in enumerate(r.top, 1):
         d = row(r, e)
-        rows.append([str(k), row_mesh(d), str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]),
+        rows.append([str(k), row_mesh(d), str(d["micro_batch"]), d["recompute_shown"], str(d["virtual_stages"]),
                      r.candidates.sharding_word(e.index), knobs(d), peak_cell(r, e, usable), f"{e.step_s:.3f}",
                      f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}", goodput_cell(e.goodput), f"{d['gemm_efficiency']:.1%}"])
     if goodput_shared(r) is None:

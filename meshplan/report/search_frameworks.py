@@ -74,7 +74,7 @@ def table_rows(x: CrossResult) -> list[list[str]]:
         res, e = r.result, r.exact
         d = row(res, e)
         usable = usable_bytes(res.config.cluster, res.config.training)
-        out.append([str(k), r.framework, row_mesh(d), str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]),
+        out.append([str(k), r.framework, row_mesh(d), str(d["micro_batch"]), d["recompute_shown"], str(d["virtual_stages"]),
                     res.candidates.sharding_word(e.index), knobs(d), peak_cell(res, e, usable), f"{e.step_s:.3f}",
                     f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}"])
     return out

@@ -17,7 +17,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from meshplan.config import Config
-from meshplan.search.columns import Candidates
+from meshplan.search.block_recompute import BLOCK_REFUSED
+from meshplan.search.columns import RECOMPUTE, Candidates
 from meshplan.search.estimate import Estimates, refine
 from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Pool, merge
 from meshplan.search.frontier import Frontier
@@ -68,7 +69,7 @@ Progress = Callable[[str, int, int], None]
 #: How a candidate's memory verdict was reached (``SearchResult.decided``; 0: not yet): a validity rule, the
 #: vectorised bounds, an exact plan.
 RULE, BOUND, PLAN = 1, 2, 3
-MEMORY, GEMM = CODE["memory"], CODE["gemm"]
+MEMORY, GEMM, BLOCK = CODE["memory"], CODE["gemm"], CODE["block"]
 
 
 class Runner:
@@ -102,10 +103,13 @@ class Runner:
             r = res[k] = merge(self.exact.get(r.index), r)  # the memory verdict and the step of two passes
             self.exact[r.index] = r
             self._check(r)
+            if r.block is not None and self.pool.planner.cands.rn is not None:  # a block row's n, for its
+                self.pool.planner.cands.rn[r.index] = r.block  # label and plan input (the search's columns)
             if self.code[r.index] != OK or not r.complete:  # step-only: the memory bound decided
                 continue
             if not r.feasible:
-                self.code[r.index] = MEMORY if _memory_reason(r.reasons) else CODE["layers"]
+                self.code[r.index] = BLOCK if r.reasons[:1] == (BLOCK_REFUSED,) else \
+                    MEMORY if _memory_reason(r.reasons) else CODE["layers"]
             self.decided[r.index] = PLAN
         return res
 
@@ -286,12 +290,13 @@ def _prefix(c: Candidates, order: list[int], top: int) -> list[int]:
     return list(order)
 
 
-def best_rejected(code: np.ndarray, est: Estimates, run: Runner, top: list[Exact]) -> Optional[Exact]:
+def best_rejected(c: Candidates, code: np.ndarray, est: Estimates, run: Runner, top: list[Exact]) -> Optional[Exact]:
     """The rejected candidate (memory or GEMM efficiency) most worth keeping as evidence:
     among those whose step-time bound beats the winner's step time, the one closest to
     fitting (smallest peak lower bound); if none would beat it, the one with the smallest
     step-time bound. Planned and simulated exactly."""
-    rejected = ((code == MEMORY) | (code == GEMM)) & np.isfinite(est.step_lo)
+    # not a block row: its n is picked where it fits (search.block_recompute); rejected, full's row is the evidence
+    rejected = ((code == MEMORY) | (code == GEMM)) & np.isfinite(est.step_lo) & (c.rc != RECOMPUTE.index("block"))
     if not rejected.any():
         return None
     faster = rejected & (est.step_lo < (top[0].step_s if top else np.inf))

@@ -31,6 +31,11 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   ``ac_freq``-th block it wraps; interleaved, each chunk's passes in flight), ``full``'s on
   the others; every other field takes the
   smaller of the two, the upper bound the larger.
+- **Block recompute** (``block`` rows, Megatron-LM's first b layers of each chunk checkpointed):
+  each field as per-layer AC's; the lower bound at a given b (``bounds``' ``block``, the search's
+  :func:`~meshplan.search.block_bounds.least_block`) counts none's on the ``max(n - b, 0)``
+  layers each pass in flight keeps whole (:func:`meshplan.search.layer_replays.kept_layers`),
+  without it none: a bound for every b.
 - **V-shaped schedules** (ZB-V, DualPipeV, ``Stages.vshape``): the lower bound keeps F and W
   without the embedding's, the head's and the kept roots' terms; the upper bound counts the
   head's saved activations once per pass in flight.
@@ -62,7 +67,7 @@ from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.gather_passes import chunks_held
-from meshplan.search.layer_replays import kept_in_flight
+from meshplan.search.layer_replays import block_rows, kept_in_flight, kept_layers
 from meshplan.search.buffer_bounds import bucket_bytes, hpz_bytes, ipg_bytes, userbuffers_bytes
 from meshplan.search.memory import Stages, Tables, comm_axes, deepep_bytes, lookup, split
 from meshplan.search.candidate import accumulates
@@ -77,8 +82,10 @@ HEAD = ("embedding_saved", "head_saved", "head_loss_saved", "logits_temp", "logi
         "embedding_backward_work")
 
 
-def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(lower, upper) bound of each stage's timeline peak, bytes (candidates, pp)."""
+def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict,
+           block=None) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) bound of each stage's timeline peak, bytes (candidates, pp); ``block``
+    (candidates,): the b of ``block`` rows the lower bound holds at (None: every b)."""
     t, o = cfg.training, cfg.memory
     col = lambda a: a[:, None]
     fields = tuple(f"{p}{f}" for p in ("d_", "m_") for f in ACT)
@@ -107,7 +114,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     # a unit without FSDP-sharded dense parameters never allocates its share of the dense
     # gradients in the timeline (only expert units are sharded then)
     never = np.where(u["fsdp"] & ~u["act_d"], s["grads_dense"], 0)
-    lower = np.maximum(_lower(cfg, c, st, s, u, lo, peak["lo"], hs, fixed), at_step - never)
+    lower = np.maximum(_lower(cfg, c, st, s, u, lo, peak["lo"], hs, fixed, block), at_step - never)
     upper = np.maximum(_upper(cfg, c, st, s, u, hi, peak["hi"], hs, fixed), at_step)
     f = o.fragmentation_fraction
     if f:
@@ -139,8 +146,9 @@ def _saved(lo: dict, layers: np.ndarray, kept: np.ndarray) -> np.ndarray:
     return layers * lo["saved"] + np.maximum(kept, 0) * lo["kept"]
 
 
-def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
-    """The largest of the running totals F, P, Q, H, W of the module docstring."""
+def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed, block=None) -> np.ndarray:
+    """The largest of the running totals F, P, Q, H, W of the module docstring (``block``:
+    :func:`bounds`')."""
     o, F = cfg.memory, u["fsdp"]
     per_mb = u["per_mb"]
     init = s["total"] - np.where(F, s["grads"], 0) + fixed
@@ -153,7 +161,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     evicts = (v > window) & (window > 0)
     kept = np.where(F & ~evicts, u["roots_g"], 0)
     # layer rows: the layers kept whole in the w passes in flight
-    kw = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, st.w, st.vshape)
+    kw = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, st.w, st.vshape, block=block)
     one = lo["saved"] + (kw >= 1) * lo["kept"]  # one layer's saved activations (at most) of those
     f_end = init + _saved(lo, st.w * st.n_chunk, kw) + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
     # DeepSpeed ZeRO-3 rows (``ds3``) prefetch up to max live (memory.deepspeed_fetch.deepspeed_prefetch)
@@ -171,8 +179,9 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     out = _loss_backward(out, c, st, u, hs, f_end, head_reduce, pf)
     out = _last_forward(out, cfg, c, st, u, lo, init, kw, evicts)
     if per_mb.any():
-        out = np.where(per_mb, np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce)), out)
-    out = _accumulators(out, cfg, c, st, u, lo, init, kept, kw, g, window, evicts)
+        out = np.where(per_mb, np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce,
+                                                       block)), out)
+    out = _accumulators(out, cfg, c, st, u, lo, init, kept, kw, g, window, evicts, block)
     # V-shaped schedules (ZB-V, DualPipeV): only the terms that hold for any order, F and W
     # without the embedding's, the head's and the kept roots' shares (the w-th forward may be
     # either chunk's, and DualPipeV's first backward comes before its peak)
@@ -233,7 +242,7 @@ def _last_forward(out, cfg, c, st, u, lo, init, kw, evicts) -> np.ndarray:
     return np.maximum(out, pw)
 
 
-def _accumulators(out, cfg, c, st, u, lo, init, kept, kw, g, window, evicts) -> np.ndarray:
+def _accumulators(out, cfg, c, st, u, lo, init, kept, kw, g, window, evicts, block=None) -> np.ndarray:
     """``out`` raised to A (module docstring): FSDP's unsharded gradient accumulators at the end of
     the first backward, and with more than one interleaved round at chunk 0's (``init``, ``kept``,
     ``kw``, ``g``, ``window``, ``evicts``: :func:`_lower`'s)."""
@@ -247,7 +256,9 @@ def _accumulators(out, cfg, c, st, u, lo, init, kept, kw, g, window, evicts) -> 
     # the roots' accumulators: the head's in the last stage's first backward, the embedding's
     # at the end of chunk 0's (the first backward's when vpp is 1)
     head_acc, emb_acc = st.last * u["head"] * u["r"], st.first * u["emb"] * u["r"]
-    acc = init + _saved(lo, (st.w - 1) * st.n_chunk, kw - (st.n_chunk - st.n_chunk // LAYER_AC_FREQ)) + kept \
+    # one pass's kept layers off kw: a layer row's most, n - n // k; a block row's n - b
+    one = np.where(block_rows(c) > 0, kept_layers(c, st.n_chunk, block), st.n_chunk - st.n_chunk // LAYER_AC_FREQ)
+    acc = init + _saved(lo, (st.w - 1) * st.n_chunk, kw - one) + kept \
         + np.where(after, st.n_chunk * (u["reduce_min"] + keeps * u["unit_min_g"])
                    + (head_acc + (v == 1) * emb_acc).astype(np.int64), 0)
     # interleaved with more than one round (m > g): chunk 0's first backward comes before the
@@ -262,12 +273,12 @@ def _accumulators(out, cfg, c, st, u, lo, init, kept, kw, g, window, evicts) -> 
     done = (v - 1) * g + 1  # backwards run by then; the passes still in flight:
     live = np.maximum(np.minimum(st.w - 1, st.m_run * v - done), 0)  # steady state w - 1, fewer in the cool-down
     held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)
-    kl = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, live, st.vshape, done)
+    kl = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, live, st.vshape, done, block)
     acc_all = init + kept + _saved(lo, live * st.n_chunk, kl) + np.where(after & rounds, held_all, 0)
     return np.maximum(out, np.maximum(acc, acc_all))
 
 
-def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce) -> np.ndarray:
+def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce, block=None) -> np.ndarray:
     """Q: the first backward after every unit's first reduce-scatter (all sharded gradients
     allocated), at its first and second layer (roots not counted)."""
     v = c.vpp[:, None]
@@ -277,7 +288,7 @@ def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce) -> np.nda
     # every unit's sharded gradient is allocated by then when the dense group is sharded (a
     # unit without FSDP-sharded parameters never allocates its share: not counted)
     init = s["total"] - np.where(u["fsdp"] & ~u["act_d"], s["grads"], 0) + fixed
-    kl = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, per_round(c.pp[:, None], st.m_run), live, st.vshape, j)
+    kl = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, per_round(c.pp[:, None], st.m_run), live, st.vshape, j, block)
     base = init + _saved(lo, live * st.n_chunk, kl) + hs["dy"]
     q1 = base + near(st.n_chunk) + layer_peak
     q2 = base - lo["saved"] - (kl >= 1) * lo["kept"] + reduce + near(st.n_chunk - 1) + layer_peak

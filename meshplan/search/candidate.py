@@ -7,6 +7,7 @@ shares) or do not apply to it (:func:`accumulates`).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 import numpy as np
 
@@ -163,11 +164,13 @@ def sharding_training(t: TrainingSpec, sharding: str) -> TrainingSpec:
     return t.model_copy(update={"sharding": sharding, **sharding_knobs(t, sharding)})
 
 
-def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
+def candidate_config(cfg: Config, c: Candidates, i: int, block: Optional[int] = None) -> Config:
     """The plan input of candidate ``i``: ``cfg`` with its mesh (canonical order, degree-1
     axes left out, SP on when tp > 1, its pipeline schedule, its layer split) and the
     candidate's micro-batch, recompute (``layer`` at :data:`~meshplan.search.columns.LAYER_AC_FREQ`, ``full``
-    of every layer: Megatron-LM's block recompute is not searched), sharding, reshard_after_forward and tp_comm_overlap
+    of every layer; a ``block`` row as ``full`` with ``recompute_num_layers`` n, Megatron-LM's block
+    recompute: ``block`` where given, the exact planner's bisection, else the row's picked n,
+    :attr:`~meshplan.search.columns.Candidates.rn`, else 1 before it is picked; n 0 is ``none``), sharding, reshard_after_forward and tp_comm_overlap
     in the training contract; ``grad_accumulation`` and ``fp8_all_gather`` where they apply
     (:func:`_training_knobs`); ``[memory] fsdp_reduce`` unset, so each candidate reduces as its
     pp and grad_accumulation say (:meth:`~meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`)."""
@@ -178,10 +181,13 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
                     virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp, bool(c.us[i]),
                                                   megatron_split(cfg)),
                     pp_schedule=candidate_schedule(vpp, int(c.ps[i])))
-    rc = RECOMPUTE[c.rc[i]]
+    rc, n = RECOMPUTE[c.rc[i]], None
+    if rc == "block":
+        n = block if block is not None else (c.block_layers(i) or 1)
+        rc, n = ("full", n) if n else ("none", None)
     training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": rc,
                                                "ac_freq": LAYER_AC_FREQ if rc == "layer" else 1,
-                                               "recompute_num_layers": None,  # full: every layer (configured_find)
+                                               "recompute_num_layers": n,  # None: every layer under full
                                                "sharding": SHARDING[c.sh[i]],
                                                "reshard_after_forward": bool(c.rf[i]),
                                                "tp_comm_overlap": bool(c.ov[i]), **_training_knobs(cfg, c, i)})

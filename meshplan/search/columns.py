@@ -19,9 +19,17 @@ from meshplan.spec.axes.registry import AXES, search_axes
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.mesh_words import data_axis, mesh_text, sharding_shown, with_experts
 
-#: Searched recompute policies (the ``rc`` column); ``layer`` last, so that adding it kept the
-#: others' codes: torchtitan's per-layer AC at :data:`LAYER_AC_FREQ`.
-RECOMPUTE = ("none", "selective", "full", "op", "layer")
+#: Searched recompute policies (the ``rc`` column); ``layer`` and ``block`` last, so that adding
+#: them kept the others' codes: torchtitan's per-layer AC at :data:`LAYER_AC_FREQ`, and
+#: Megatron-LM's block recompute (``--recompute-method block --recompute-num-layers n``: the first
+#: n layers of each model chunk checkpointed in full, the others keeping everything), whose n the
+#: exact planner picks per row, the smallest that fits (:mod:`meshplan.search.block_recompute`;
+#: :attr:`Candidates.rn`).
+RECOMPUTE = ("none", "selective", "full", "op", "layer", "block")
+
+#: The ``rc`` codes whose rows checkpoint some layers in full and keep everything on the others
+#: (``layer``, ``block``): the bounds take each such layer both ways (:func:`bound_recompute`).
+MIXED = (RECOMPUTE.index("layer"), RECOMPUTE.index("block"))
 
 #: The ``ac_freq`` a searched ``layer`` row runs: torchtitan's default per-layer selective AC,
 #: ``selective_ac_option = "2"`` (every second layer checkpointed in full; torchtitan's
@@ -30,17 +38,20 @@ LAYER_AC_FREQ = 2
 
 
 def bound_recompute(rc: np.ndarray, policy: str) -> np.ndarray:
-    """``rc`` with ``layer`` (some layers in full, the others keeping everything) replaced by the
-    uniform ``policy`` a bound takes for it: the step-time lower bound times a layer both ways,
+    """``rc`` with ``layer`` and ``block`` (:data:`MIXED`: some layers in full, the others keeping
+    everything) replaced by the uniform ``policy`` a bound takes for it: the step-time lower bound times a layer both ways,
     ``none`` and ``full``, and counts full's on the layers a chunk surely replays
     (:func:`meshplan.search.layer_bounds.unit_bounds`, :mod:`meshplan.search.layer_replays`);
     the memory bounds take ``none`` and ``full`` and each field's smaller and larger of the two
     (:func:`meshplan.search.bounds.bounds`).
 
-    >>> bound_recompute(np.array([0, 2, 4]), "none").tolist(), bound_recompute(np.array([4]), "full").tolist()
-    ([0, 2, 0], [2])
+    A ``block`` row's step bound counts the replays of its least n (:attr:`Candidates.rm`,
+    :func:`meshplan.search.layer_replays.replayed_layers`), no more than any n the planner picks.
+
+    >>> bound_recompute(np.array([0, 2, 4, 5]), "none").tolist(), bound_recompute(np.array([4, 5]), "full").tolist()
+    ([0, 2, 0, 0], [2, 2])
     """
-    return np.where(rc == RECOMPUTE.index("layer"), RECOMPUTE.index(policy), rc)
+    return np.where(np.isin(rc, MIXED), RECOMPUTE.index(policy), rc)
 #: Searched shardings (the ``sh`` column); zero2 last, so that adding it kept the others' codes.
 SHARDING = ("zero1", "zero3", "hsdp", "zero2")
 
@@ -74,7 +85,13 @@ class Candidates:
     its pp under the search's training (:func:`meshplan.search.space.reshard_defaults`: false
     under torch's FSDP2 with pp > 1); None: true on every row (FSDP2's own default). ``hz``: DeepSpeed
     ZeRO++ hpZ's ``zero_hpz_partition_size`` at the row (:func:`meshplan.search.space.hpz_applies`;
-    1: no secondary partition); None: the config's on every zero3 row."""
+    1: no secondary partition); None: the config's on every zero3 row. ``rn``: a ``block`` row's
+    ``recompute_num_layers`` n once the exact planner has picked it (0 before, and on every other
+    row; :mod:`meshplan.search.block_recompute`); None: no ``block`` row. ``rk``: the layers of the
+    row's largest model chunk (what n counts against; set with ``rn``). ``rm``: a ``block`` row's
+    least n, the smallest whose memory lower bound fits (:func:`meshplan.search.block_bounds.least_block`,
+    set by :func:`meshplan.search.estimate.estimate`; 0 before, and on every other row): the n the
+    exact planner's bisection starts at and the replays its step lower bound counts."""
 
     pp: np.ndarray
     dpr: np.ndarray
@@ -95,14 +112,32 @@ class Candidates:
     moe: bool = False
     rd: Optional[np.ndarray] = None
     hz: Optional[np.ndarray] = None
+    rn: Optional[np.ndarray] = None
+    rk: Optional[np.ndarray] = None
+    rm: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return int(self.pp.size)
 
     def take(self, idx) -> "Candidates":
-        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("more", "moe", "rd", "hz")}
+        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self)
+                if f.name not in ("more", "moe", "rd", "hz", "rn", "rk", "rm")}
         return Candidates(**cols, more={k: v[idx] for k, v in self.more.items()}, moe=self.moe,
-                          rd=None if self.rd is None else self.rd[idx], hz=None if self.hz is None else self.hz[idx])
+                          rd=None if self.rd is None else self.rd[idx], hz=None if self.hz is None else self.hz[idx],
+                          rn=None if self.rn is None else self.rn[idx], rk=None if self.rk is None else self.rk[idx],
+                          rm=None if self.rm is None else self.rm[idx])
+
+    def block_layers(self, i: int) -> int:
+        """Row ``i``'s block recompute n (:attr:`rn`; 0 where not picked, or not a ``block`` row)."""
+        return 0 if self.rn is None else int(self.rn[i])
+
+    def recompute_word(self, i: int) -> str:
+        """Row ``i``'s recompute as the search prints it: :data:`RECOMPUTE`'s name, a ``block`` row's
+        with its n of the layers of its largest model chunk once picked, ``block 5/10``."""
+        word = RECOMPUTE[self.rc[i]]
+        if word != "block" or not self.block_layers(i) or self.rk is None:
+            return word
+        return f"block {self.block_layers(i)}/{int(self.rk[i])}"
 
     def hpz(self, i: int) -> int:
         """Row ``i``'s hpZ g (:attr:`hz`; 1 where the column is None)."""
@@ -207,7 +242,7 @@ class Candidates:
                                          (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"),
                                          (self.hpz(i) > 1, f", hpZ {self.hpz(i)}"))
                         if on)
-        return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
+        return (f"{mesh}, mb {int(self.mb[i])}, {self.recompute_word(i)}, vpp {int(self.vpp[i])}, "
                 f"{self.sharding_word(i)}{extra}")
 
 

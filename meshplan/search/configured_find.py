@@ -47,7 +47,8 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
                 "(torchtitan's default selective_ac_option)")
     if t.recompute_num_layers is not None:
         return (f"training.recompute_num_layers {t.recompute_num_layers} (Megatron-LM's block recompute): the search "
-                "tries recompute 'full' of every layer (--recompute-method uniform --recompute-num-layers 1)")
+                "tries block recompute at one n per mesh, the smallest that fits where none does not "
+                "(search.block_recompute), and full of every layer")
     dps = mesh.degree("dp") // mesh.degree("dp_replicate")
     want = {"pp": mesh.degree("pp"), "dpr": mesh.degree("dp_replicate"), "dps": dps, "cp": mesh.degree("cp"),
             "tp": mesh.degree("tp"), "ep": mesh.ep, "etp": mesh.etp}

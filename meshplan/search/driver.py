@@ -84,7 +84,7 @@ from meshplan.search.explain import SPLIT_PARTS, Explanation, explain
 from meshplan.search.memory import Tables
 from meshplan.search.rank import decide
 from meshplan.search.tie_key import simplicity
-from meshplan.search.reasons import OK, REASONS, UNDECIDED, first_reason
+from meshplan.search.reasons import CODE, OK, REASONS, UNDECIDED, first_reason
 from meshplan.search.settings_notes import settings_notes
 from meshplan.search.split_ac import split_ac_notes
 from meshplan.search.space import enumerate_candidates
@@ -180,7 +180,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     est = estimate(cfg, c, code, tt)
     clock("estimate")
     usable = usable_bytes(cfg.cluster, cfg.training)
-    valid, over = _memory_bounds(code, decided, est, usable, o.memory_margin)
+    valid, over = _memory_bounds(cfg, c, code, decided, est, usable, o.memory_margin)
     above = est.gemm >= o.min_gemm_efficiency
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     pool = Pool(Planner(cfg, c), workers)
@@ -194,7 +194,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         clock("memory limit")
         if apply:
             code[(code == OK) & ~above] = GEMM
-        best = best_rejected(code, est, run, top)
+        best = best_rejected(c, code, est, run, top)
         clock("best rejected")
         notes += settings_notes(cfg, c) + split_ac_notes(cfg, c, code)  # after the last verdict: counts feasible
         if not apply and top:  # with no candidate feasible at all, GEMM width is not the cause
@@ -214,15 +214,27 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
                         safer=ranking.safer)
 
 
-def _memory_bounds(code: np.ndarray, decided: np.ndarray, est, usable: float, margin: float) -> tuple:
+def _memory_bounds(cfg: Config, c: Candidates, code: np.ndarray, decided: np.ndarray, est, usable: float,
+                   margin: float) -> tuple:
     """(the candidates no rule rejected, those of them whose peak's lower bound exceeds the usable
     memory by more than ``margin``). Those are rejected for memory by the bound, and a candidate
     whose peak's upper bound fits with the margin is decided by the bound too (``code`` and
     ``decided`` updated in place; the rest need an exact plan)."""
+    tiers, frac = cfg.search.headroom_tier, cfg.memory.fragmentation_fraction
     valid = code == OK
     over = valid & (est.peak_lo > usable * (1 + margin))
     code[over], decided[over] = MEMORY, BOUND
-    decided[valid & (est.peak_hi * (1 + margin) <= usable)] = BOUND
+    fits = valid & (est.peak_hi * (1 + margin) <= usable)
+    decided[fits] = BOUND
+    # a block row's upper bound holds at n 0 (none's fields, search.block_recompute): where it fits
+    # (clear of the headroom where the tiers ask for it) none does, and the row adds nothing (rule block)
+    roomy = ~(tiers & tight_peak(est.peak_hi * (1 + margin), usable, frac))
+    code[fits & roomy & (c.rc == RECOMPUTE.index("block"))] = BLOCK
+    # a block row whose least n (search.block_bounds.least_block) is its whole largest chunk:
+    # only full, its own row, can fit
+    whole = valid & ~over & (c.rc == RECOMPUTE.index("block")) & (c.rm >= c.rk) if c.rm is not None else None
+    if whole is not None:
+        code[whole], decided[whole] = BLOCK, BOUND
     return valid, over
 
 
@@ -256,6 +268,9 @@ def _settle(o, code: np.ndarray, decided: np.ndarray, est, run, notes: list[str]
                      "top); counted as undecided")
 
 
+BLOCK = CODE["block"]
+
+
 class _Clock:
     """Wall time of each phase, seconds."""
 
@@ -273,7 +288,7 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
     i = e.index
     out: dict = {str(axis): int(c.degree(col.column)[i]) for axis, col in search_axes()}  # every searched axis
     out.update(vpp=int(c.vpp[i]), micro_batch=int(c.mb[i]), m=cfg.training.global_batch // int(c.mb[i] * c.dp[i]),
-               recompute=RECOMPUTE[c.rc[i]], sharding=SHARDING[c.sh[i]], gemm_efficiency=float(est.gemm[i]),
+               recompute=c.recompute_word(i), sharding=SHARDING[c.sh[i]], gemm_efficiency=float(est.gemm[i]),
                reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]), layer_passes=e.layer_passes,
                zero_hpz_partition_size=c.hpz(i),
                stage_flops=e.stage_flops, compute_split=e.compute_split,

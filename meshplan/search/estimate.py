@@ -16,6 +16,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.pipeline.unshard_window import pipeline_window
+from meshplan.search.block_bounds import least_block
 from meshplan.search.bounds import bounds
 from meshplan.search.comm_bounds import p2p_links_apart
 from meshplan.search.columns import Candidates, candidate_schedule
@@ -70,7 +71,9 @@ def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray, tt: Opti
 
 def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTables] = None) -> Estimates:
     """The vectorised pass over every candidate that passed the validity rules; ``tt``: op
-    and path tables to fill and reuse (:func:`refine` takes them too)."""
+    and path tables to fill and reuse (:func:`refine` takes them too). Sets ``block`` rows' least n
+    (:attr:`~meshplan.search.columns.Candidates.rm`, in place; :func:`~meshplan.search.block_bounds.least_block`),
+    which their step bound counts replays of."""
     n = len(c)
     est = Estimates(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
     ok = np.flatnonzero(code == OK)
@@ -79,6 +82,8 @@ def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTabl
     tt = tt or TimeTables(cfg, Tables(cfg))
     tables = tt.tables
     sub = c.take(ok)
+    if c.rm is not None and sub.rm is not None:  # before the step bounds, which count the least n's replays
+        c.rm[ok] = sub.rm[:] = least_block(cfg, tables, sub)
     est.gemm[ok] = gemm_efficiency(cfg, tt, sub)
     for p in np.unique(sub.pp):
         idx = np.flatnonzero(sub.pp == p)

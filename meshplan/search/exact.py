@@ -23,8 +23,10 @@ from meshplan.schedule.unit_sim import Overlap
 from meshplan.reliability import configured_reliability
 from meshplan.schedule.kernel_kinds import kernel_kinds_s
 from meshplan.search.step_parts import compute_split, layer_passes, stage_flops, step_breakdown
+from meshplan.memory.headroom import tight
+from meshplan.search.block_recompute import BLOCK_REFUSED, pick_block
 from meshplan.search.candidate import candidate_config
-from meshplan.search.columns import Candidates
+from meshplan.search.columns import RECOMPUTE, Candidates
 from meshplan.config import Config
 from meshplan.schedule.steptime import step_time
 
@@ -40,7 +42,8 @@ class Exact:
     :func:`~meshplan.search.step_parts.stage_flops`) and ``compute_split`` (its compute part's seconds
     by kernel kind, collectives' copies on the compute stream among them,
     :func:`~meshplan.search.step_parts.compute_split`), ``kernels_s`` (its other part's seconds by
-    kernel kind, :func:`~meshplan.schedule.kernel_kinds.kernel_kinds_s`).
+    kernel kind, :func:`~meshplan.schedule.kernel_kinds.kernel_kinds_s`); ``block``: a ``block`` row's
+    n, the smallest that fits (:meth:`Planner.block`), None elsewhere.
     ``complete`` False: a
     step-only evaluation (:data:`STEP_ONLY`): ``step_s``, ``mfu``, ``tokens_per_s`` and the
     parts as the complete one gives them, ``goodput`` as if the memory fits, no memory
@@ -60,6 +63,7 @@ class Exact:
     stage_flops: Optional[float] = None
     compute_split: Optional[dict] = None
     kernels_s: Optional[dict] = None
+    block: Optional[int] = None
 
 
 class Planner:
@@ -79,6 +83,8 @@ class Planner:
         and ``tokens_per_s``: the goodput, the parts and the kernel splits, ~7% of a step-only
         evaluation's time on the 405B example's rank plans, left None)."""
         i, mode = job
+        if RECOMPUTE[self.cands.rc[i]] == "block":
+            return self.block(i, mode)
         cc = candidate_config(self.cfg, self.cands, i)
         plan = build_plan(cc, self.no_rows, memory=mode not in (STEP_ONLY, STEP_ALONE), reports=False)
         if isinstance(plan, Infeasible):
@@ -98,6 +104,43 @@ class Planner:
         return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s,
                      self._goodput(plan) if plan.feasible else None, step_breakdown(st), layer_passes=layer_passes(st),
                      stage_flops=stage_flops(st), compute_split=compute_split(plan, st), kernels_s=kernel_kinds_s(st))
+
+    def block(self, i: int, mode: str) -> Exact:
+        """A ``block`` row in any ``mode``: its n picked first (:func:`~meshplan.search.block_recompute.pick_block`
+        over memory plans, n 0 planned as ``none``; clear of the headroom under ``[search] headroom_tier``),
+        then that plan's verdict and peak, and outside :data:`PLAN_ONLY` its step, parts and goodput
+        (always complete: the memory is planned anyway). Where no n is picked: the verdict of the largest
+        n short of the chunk where it does not fit (memory's reasons, or another rule's), else the
+        ``block`` rule's reason (none fits, or only a tight n where none fits too)."""
+        plans: dict = {}
+
+        def plan_at(n: int):
+            if n not in plans:
+                plans[n] = build_plan(candidate_config(self.cfg, self.cands, i, block=n), self.no_rows, reports=False)
+            return plans[n]
+
+        cfg, most = self.cfg, int(self.cands.rk[i]) if self.cands.rk is not None else 0
+        usable = self.no_rows.usable_bytes
+        def clear(p) -> bool:  # a feasible plan (pick_block asks only of those)
+            return not (cfg.search.headroom_tier and tight(p.timeline.peak.total_bytes, usable,
+                                                            cfg.memory.fragmentation_fraction))
+
+        n = pick_block(plan_at, most, clear, int(self.cands.rm[i]) if self.cands.rm is not None else 0)
+        last = plans.get(most - 1)
+        if n is None and isinstance(last, Infeasible):
+            return Exact(i, False, tuple(last.reasons), float("nan"))
+        if n is None and last is not None and not last.feasible:  # no n fits: memory's verdict (or another rule's)
+            return Exact(i, False, tuple(last.reasons), last.timeline.peak.total_bytes, block=most - 1)
+        if n is None:
+            return Exact(i, False, (BLOCK_REFUSED,), float("nan"))
+        plan = plans[n]
+        peak = plan.timeline.peak.total_bytes
+        if mode == PLAN_ONLY:
+            return Exact(i, True, plan.reasons, peak, block=n)
+        st = step_time(plan, Overlap())
+        return Exact(i, True, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s, self._goodput(plan),
+                     step_breakdown(st), layer_passes=layer_passes(st), stage_flops=stage_flops(st),
+                     compute_split=compute_split(plan, st), kernels_s=kernel_kinds_s(st), block=n)
 
     def _goodput(self, plan) -> float:
         """Daly goodput of ``plan`` (:mod:`meshplan.reliability`: checkpoint size from the

@@ -252,7 +252,8 @@ def _compute_causes(a: dict, b: dict) -> list[str]:
         out.append(_vs(a, b, "gemm_efficiency", "{:.1%}"))
     if a.get("stage_flops") and b.get("stage_flops") and (b["stage_flops"] - a["stage_flops"]) * less > 0:
         out.append(_vs(a, b, "stage_flops", "{:.3g}"))
-    ra, rb = (RECOMPUTE_ORDER.index(x["recompute"]) if x.get("recompute") in RECOMPUTE_ORDER else None for x in (a, b))
+    word = lambda x: str(x.get("recompute", "")).split(" ")[0]  # a block row's "block 5/10": its policy's place
+    ra, rb = (RECOMPUTE_ORDER.index(word(x)) if word(x) in RECOMPUTE_ORDER else None for x in (a, b))
     if ra is not None and rb is not None and (rb - ra) * less > 0:
         out.append(_vs(a, b, "recompute"))
     named = bool(out) and out[0].startswith(f"largest: {SPLIT_PARTS[2]}")

@@ -18,7 +18,7 @@ from meshplan.search.gather_passes import (deepspeed_backward_shares, expert_gat
                                            gathering_passes)
 from meshplan.search.memory import Stages, split
 from meshplan.search.nic_bounds import two_queues_s
-from meshplan.search.columns import bound_recompute
+from meshplan.search.columns import MIXED, bound_recompute
 # chains: the tests import it from here too, where it lived before layer_chains
 from meshplan.search.layer_chains import chains, layer_ops, stage_chains  # noqa: F401
 from meshplan.search.layer_replays import extra_replays, layer_rows, more_replays, replayed_layers
@@ -102,7 +102,7 @@ def _layer_chains(cfg: Config, tt: TimeTables, c: Candidates, st: Stages,
     # the others none's; per layer the lower of the two (``cf``, ``cb``) and, on the chunk's
     # replayed layers (replayed_layers), the replay's extra (``df``, ``db``; 0 on other rows)
     df, db = np.zeros_like(cf), np.zeros_like(cb)
-    if (c.rc == RECOMPUTE.index("layer")).any():
+    if np.isin(c.rc, MIXED).any():  # block rows too: per layer the lower of the two, their least n's replays
         ff, fb = stage_chains(cfg, tt, replace(c, rc=bound_recompute(c.rc, "full")), st, cm, serial)
         df, db = np.maximum(ff - cf, 0.0), np.maximum(fb - cb, 0.0)
         cf, cb = np.minimum(cf, ff), np.minimum(cb, fb)

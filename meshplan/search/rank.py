@@ -5,7 +5,7 @@ Rule (:func:`tie_order`): repeatedly take the fastest candidate not yet placed; 
 candidates within :data:`TIE` (1%) of its step time, place first the one with the fewest
 axes of degree > 1, then the lowest product of the model-parallel degrees
 ``tp * pp * cp * ep``, then the lowest tp, then the fewest and cheapest settings off their
-default (:func:`~meshplan.search.tie_key.knob_key`: fewer of them, then no recompute before selective, op, layer, full; no tp
+default (:func:`~meshplan.search.tie_key.knob_key`: fewer of them, then no recompute before selective, op, layer, block, full; no tp
 overlap before overlap; vpp 1 before more; ``reshard_after_forward`` at the mesh's default before
 off it (:meth:`~meshplan.spec.training.TrainingSpec.reshard_default`: resharded, kept gathered under
 torch's FSDP2 with pp > 1; no setting without FSDP over a data axis:
@@ -68,7 +68,7 @@ MEMORY_TIE = 0.01
 #: The tie rule's criteria after the step, in order (the words both :data:`RULE_LINE` and
 #: :data:`PAIR_RULE` state; :data:`~meshplan.search.tie_key.KEY_TERMS` names each when it decides a pair).
 TOWARD = ("fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower tp, then fewer and cheaper settings off "
-          "their default (no recompute before selective, op, layer, full; no tp overlap; vpp 1; "
+          "their default (no recompute before selective, op, layer, block, full; no tp overlap; vpp 1; "
           "reshard_after_forward at the mesh's default, resharded, kept gathered under torch's FSDP2 with pp > 1; "
           f"the even layer split; 1F1B), then a lower peak memory (peaks within {MEMORY_TIE:.0%} count as "
           "equal), then the shorter step")

@@ -15,6 +15,7 @@ from meshplan.mesh.layers import first_last_split
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.vshape import VShaped, reshard_defect
 from meshplan.plan_runtime import dualpipev_ep_ac_reasons
+from meshplan.search.block_recompute import BLOCK_REFUSED, block_pointless
 from meshplan.search.columns import PIPELINE, SEARCHED, SHARDING, ZERO12, Candidates
 from meshplan.spec.axes.registry import rules
 
@@ -88,6 +89,7 @@ _SCHEDULE_REASONS = (
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
     ("gemm", "local GEMM efficiency below the threshold"),
+    ("block", BLOCK_REFUSED.split(": ", 1)[1]),  # last: the others' codes kept
 )
 
 
@@ -206,6 +208,9 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("deepep", (t.moe_dispatcher == "deepep") & m.is_moe
          & (~np.isin(c.ep * c.etp, catalog.deepep_buffer()["group_sizes"])
             | ((t.framework == "torch") & ((c.ep < 2) | (c.etp > 1))))),
+        # a block row whose largest chunk has one layer: n 1 is full (the search's memory pass and
+        # exact planner reject the others that add nothing, search.block_recompute)
+        ("block", False if c.rk is None else block_pointless(c.rc, c.rk)),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)

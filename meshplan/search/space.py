@@ -24,7 +24,9 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
   op-level selective AC ``op`` where meshplan plans it
   (:func:`~meshplan.search.space_recompute.op_recompute_ok`), and where the planner refuses ``op``
   for the model (ep > 1, MLA) torchtitan's per-layer AC ``layer`` at ac_freq 2
-  (:func:`~meshplan.search.space_recompute.layer_for_op`);
+  (:func:`~meshplan.search.space_recompute.layer_for_op`); under ``training.framework = "megatron"``
+  Megatron-LM's block recompute ``block``, one row per mesh whose n the exact planner picks
+  (:mod:`~meshplan.search.block_recompute`);
 - virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
   ``max_vpp``, run with interleaved 1F1B; vpp 1 runs 1F1B. When pp does not divide the
   layers the stages get :func:`~meshplan.mesh.layers.balanced_split` (first and last stage
@@ -95,6 +97,7 @@ from meshplan.search.reasons import (CODE, OK, REASONS, first_reason, reason_tab
 from meshplan.search.candidate import (accumulates, candidate_config, megatron_split,  # noqa: F401
                                        sharding_knobs, sharding_training, stage_split)
 from meshplan.search.space_recompute import layer_for_op, layer_rows, op_recompute_ok, searched_recompute
+from meshplan.search.block_recompute import block_searched, chunk_layers
 
 
 def _allowed(values, allowed) -> list[int]:
@@ -217,7 +220,8 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     base = np.vstack(blocks) if blocks else np.zeros((0, len(names) + 3), dtype=np.int64)
     mbs = np.array(sorted(set(o.micro_batch)), dtype=np.int64)
     stand_in = layer_for_op(cfg)
-    rcs = np.array(sorted({RECOMPUTE.index(r) for r in searched_recompute(cfg) + ["layer"] * stand_in}), dtype=np.int64)
+    rcs = np.array(sorted({RECOMPUTE.index(r) for r in searched_recompute(cfg) + ["layer"] * stand_in
+                           + ["block"] * block_searched(cfg)}), dtype=np.int64)
     n, a, b = len(base), len(mbs), len(rcs)
     rows = np.repeat(base, a * b, axis=0)
     c = rows.T
@@ -253,8 +257,12 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     cols = {k: v[keep] for k, v in cols.items()}
     own = {f.name for f in fields(Candidates)} - {"hz"}
     more = {k: v for k, v in cols.items() if k not in own and k != "hz"}
+    block = block_searched(cfg)  # a block row's n, picked by the exact planner, counts its largest chunk's layers
     return Candidates(**{k: v for k, v in cols.items() if k in own}, more=more, moe=cfg.model.is_moe,
-                      rd=reshard_defaults(cfg, cols["sh"], cols["pp"]), hz=cols["hz"])
+                      rd=reshard_defaults(cfg, cols["sh"], cols["pp"]), hz=cols["hz"],
+                      rn=np.zeros(len(cols["pp"]), dtype=np.int64) if block else None,
+                      rm=np.zeros(len(cols["pp"]), dtype=np.int64) if block else None,
+                      rk=chunk_layers(cfg, cols["pp"], cols["vpp"], cols["us"]) if block else None)
 
 
 def hpz_values(cfg: Config) -> list[int]:

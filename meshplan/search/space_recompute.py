@@ -38,7 +38,9 @@ def searched_recompute(cfg: Config) -> list[str]:
     option for (:func:`meshplan.spec.recompute_words.recompute_words`), so a row with it could not be
     exported to torchtitan as planned; listed explicitly it is searched (what the user asked).
     ``layer`` (torchtitan's per-layer AC) only where torchtitan runs the rows, and only listed
-    (it is not in the default list, :class:`~meshplan.spec.search.SearchOptions`).
+    (it is not in the default list, :class:`~meshplan.spec.search.SearchOptions`). ``block``
+    (Megatron-LM's block recompute) is not among them: the enumeration adds it where
+    :func:`meshplan.search.block_recompute.block_searched`.
 
     >>> from meshplan.config import config_from_dict
     >>> d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -51,7 +53,7 @@ def searched_recompute(cfg: Config) -> list[str]:
     """
     t, listed = cfg.training, "recompute" in cfg.search.model_fields_set
     torchtitan = t.has_op_recompute
-    return [r for r in cfg.search.recompute
+    return [r for r in cfg.search.recompute if r != "block"  # block_recompute.block_searched adds it
             if (r not in ("op", "layer") or torchtitan) and (r != "selective" or not torchtitan or listed)]
 
 

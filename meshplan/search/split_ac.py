@@ -44,12 +44,14 @@ def split_ac_table(training) -> np.ndarray:
     attention). One call per cell, not per candidate.
 
     >>> from meshplan.spec.training import TrainingSpec
-    >>> split_ac_table(TrainingSpec(global_batch=8, seq_len=16)).astype(int).tolist()  # rows none..layer
-    [[0, 0, 0], [0, 0, 0], [0, 1, 1], [0, 1, 1], [0, 1, 1]]
+    >>> split_ac_table(TrainingSpec(global_batch=8, seq_len=16)).astype(int).tolist()  # rows none..block
+    [[0, 0, 0], [0, 0, 0], [0, 1, 1], [0, 1, 1], [0, 1, 1], [0, 1, 1]]
     >>> split_ac_table(TrainingSpec(global_batch=8, seq_len=16, framework="megatron")).any()
     np.False_
     """
-    return np.array([[bool(split_backward_ac_warning(training.model_copy(update={"recompute": rc}), ps, 2))
+    # a block row runs full on its first n layers (recompute_num_layers, Megatron-LM's only)
+    return np.array([[bool(split_backward_ac_warning(training.model_copy(update={"recompute": "full" if rc == "block"
+                                                                                 else rc}), ps, 2))
                       for ps in PIPELINE] for rc in RECOMPUTE], dtype=bool)
 
 

@@ -19,8 +19,10 @@ from meshplan.spec.axes.registry import search_axes
 #: Recompute policies by what they replay in backward, cheapest first (the tie rule's order):
 #: none; Megatron-LM's selective (the attention core); torchtitan's op-level SAC (every op but
 #: the saved mms, SDPA and reduce-scatters); torchtitan's per-layer AC (every ``ac_freq``-th
-#: layer in full: half of them at its default 2); full (every layer).
-RECOMPUTE_BY_COST = ("none", "selective", "op", "layer", "full")
+#: layer in full: half of them at its default 2); Megatron-LM's block recompute (the first n
+#: layers of each chunk in full, n short of the chunk: :mod:`meshplan.search.block_recompute`);
+#: full (every layer).
+RECOMPUTE_BY_COST = ("none", "selective", "op", "layer", "block", "full")
 
 
 def _on_off(v: int) -> str:

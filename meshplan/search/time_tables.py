@@ -26,9 +26,9 @@ from meshplan.search.memory import Tables, lookup
 from meshplan.search.space import RECOMPUTE
 from meshplan.spec.mesh import MeshSpec
 
-#: The policies one layer's cost is asked for: per-layer AC (``layer``) is asked as ``none`` and
-#: ``full`` (:func:`meshplan.search.columns.bound_recompute`).
-UNIFORM = tuple(r for r in RECOMPUTE if r != "layer")
+#: The policies one layer's cost is asked for: per-layer AC (``layer``) and block recompute
+#: (``block``) are asked as ``none`` and ``full`` (:func:`meshplan.search.columns.bound_recompute`).
+UNIFORM = tuple(r for r in RECOMPUTE if r not in ("layer", "block"))
 
 
 PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backward_input", False),

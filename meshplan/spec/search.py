@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from meshplan.limits import BOUNDS
 from meshplan.spec.mesh import Schedule, parse_schedule
 
-Recompute = Literal["none", "selective", "full", "op", "layer"]
+Recompute = Literal["none", "selective", "full", "op", "layer", "block"]
 Sharding = Literal["zero1", "zero2", "zero3", "hsdp"]
 #: Pipeline schedules the search plans: ``1f1b`` (1F1B with vpp 1, interleaved 1F1B with
 #: vpp > 1) and the V-shaped ``zbv`` and ``dualpipev`` (vpp 2).
@@ -111,7 +111,12 @@ class SearchOptions(BaseModel):
       attention: :func:`meshplan.search.space_recompute.layer_for_op`), elsewhere only where the list names it: both its bounds count the layers each stage
       surely replays and keeps (:mod:`meshplan.search.layer_replays`), yet with it listed the 405B
       benchmark plans 90 candidates exactly against 70 (7.9 s CPU against 5.6 s on one worker,
-      medians of 3 on shared cores; 9.0-9.3 s wall with 2 workers before the profile pass of searchprof), too near the 10 s goal to be the default; listed for another runtime it is an error naming ``search.recompute``); ``sharding``: allowed among
+      medians of 3 on shared cores; 9.0-9.3 s wall with 2 workers before the profile pass of searchprof), too near the 10 s goal to be the default; listed for another runtime it is an error naming ``search.recompute``); under ``training.framework =
+      "megatron"`` Megatron-LM's block recompute ``block`` (``--recompute-method block
+      --recompute-num-layers n``) is searched by default beside ``none`` and ``full``, at the smallest n
+      that fits on each mesh where none does not (:mod:`meshplan.search.block_recompute`); a list
+      without it leaves it out, and listed for another runtime it is an error naming
+      ``search.recompute``; ``sharding``: allowed among
       ``zero1``, ``zero2``, ``zero3`` (with dp_replicate 1) and ``hsdp`` (dp_replicate > 1), default
       all four; ``zero2`` is DeepSpeed's ZeRO-2 and searched where its engine runs the config's
       ZeRO (``training.zero12_engine = "deepspeed"``), nowhere else.
