@@ -96,14 +96,14 @@ class Planner:
             st = step_time(plan, Overlap())
             return Exact(i, True, (), float("nan"), st.step_s, st.mfu, st.tokens_per_s, self._goodput(plan),
                          step_breakdown(st), complete=False, layer_passes=layer_passes(st), stage_flops=stage_flops(st),
-                         compute_split=compute_split(plan, st), kernels_s=kernel_kinds_s(st))
+                         compute_split=compute_split(plan, st, contention=True), kernels_s=kernel_kinds_s(st))
         peak = plan.timeline.peak.total_bytes
         if mode == PLAN_ONLY:
             return Exact(i, plan.feasible, plan.reasons, peak)
         st = step_time(plan, Overlap())
         return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s,
                      self._goodput(plan) if plan.feasible else None, step_breakdown(st), layer_passes=layer_passes(st),
-                     stage_flops=stage_flops(st), compute_split=compute_split(plan, st), kernels_s=kernel_kinds_s(st))
+                     stage_flops=stage_flops(st), compute_split=compute_split(plan, st, contention=True), kernels_s=kernel_kinds_s(st))
 
     def block(self, i: int, mode: str) -> Exact:
         """A ``block`` row in any ``mode``: its n picked first (:func:`~meshplan.search.block_recompute.pick_block`
@@ -140,7 +140,7 @@ class Planner:
         st = step_time(plan, Overlap())
         return Exact(i, True, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s, self._goodput(plan),
                      step_breakdown(st), layer_passes=layer_passes(st), stage_flops=stage_flops(st),
-                     compute_split=compute_split(plan, st), kernels_s=kernel_kinds_s(st), block=n)
+                     compute_split=compute_split(plan, st, contention=True), kernels_s=kernel_kinds_s(st), block=n)
 
     def _goodput(self, plan) -> float:
         """Daly goodput of ``plan`` (:mod:`meshplan.reliability`: checkpoint size from the

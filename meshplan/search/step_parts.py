@@ -54,8 +54,8 @@ def compute_split(plan: Plan, st: StepTime, contention: bool = False) -> dict[st
     ``compute``. Keys: :data:`SPLIT_PARTS`. The ops' seconds are their own, unslowed: the rest
     also holds the SM contention (the kernels' slowdown beside collectives,
     :meth:`~meshplan.schedule.step_summary.StepTime.contention_s`) unless ``contention``, which
-    moves it to a fifth part, :data:`SM_CONTENTION` (``compare``'s split; the search's explanation
-    keeps four)."""
+    moves it to a fifth part, :data:`SM_CONTENTION` (``compare``'s split and the search's, whose
+    explanation names it rather than calling it memory-bound ops)."""
     kinds = {"gemm": 0.0, "attention": 0.0}
     for ch in st.units.chunks[st.critical_stage]:
         for cost in (*ch.layers, ch.embed, ch.head, ch.batch):
