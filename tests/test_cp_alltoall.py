@@ -51,48 +51,15 @@ def test_alltoall_rows_match_torchs_own_ring_attention():
     and V (bf16, 4 heads x 8 tokens x 32 x 2 B = 2,048 B) and no all-gather; the backward 3 more of
     them and 4 of the fp32 dK/dV (4,096 B): the table's rows, one for one."""
     torch = pytest.importorskip("torch")
-    import torch.distributed as dist
-    from torch.distributed.tensor.experimental._context_parallel import _attention as ring
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Calls(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "_c10d_functional" and func.__name__.split(".")[0] in (
-                    "all_gather_into_tensor", "all_to_all_single"):
-                self.calls.append((func.__name__.split(".")[0], args[0].numel() * args[0].element_size()))
-            return func(*args, **(kwargs or {}))
-
-    cp, (b, h, n, d) = 4, (1, 4, 8, 16)
-    before = ring._cp_options.rotate_method
-    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=cp)
-    try:
-        ring.set_rotate_method("alltoall")
-        q, k, v = (torch.randn(b, h, n, d, dtype=torch.bfloat16) for _ in range(3))
-        fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-
-        def bwd(query, key, value, out, logsumexp, is_causal, grad_out):
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_out, query, key, value, out, logsumexp, 0.0, bool(is_causal))
-
-        with Calls() as f:
-            out, lse = ring._templated_ring_attention(dist.group.WORLD, 2, fwd, q, k, v, is_causal=True)
-        with Calls() as g:
-            ring._templated_ring_attention_backward(dist.group.WORLD, 2, bwd, torch.randn_like(q), "grad_out", q, k, v,
-                                                    out, lse, True)
-    finally:
-        ring._cp_options.rotate_method = before
-        dist.destroy_process_group()
-    assert {op for op, _ in f.calls + g.calls} == {"all_to_all_single"}
+    from torch_ring_calls import ring_calls
+    f_calls, g_calls = ring_calls("alltoall")
+    cp = 4  # torch_ring_calls runs cp 4
+    assert {op for op, _ in f_calls + g_calls} == {"all_to_all_single"}
     rows = _cp_rows(_plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}, cp_rotate="alltoall"))
-    torch_rows = sorted([("forward", "send/recv", float(x)) for _, x in f.calls]
-                        + [("backward", "send/recv", float(x)) for _, x in g.calls])
+    torch_rows = sorted([("forward", "send/recv", float(x)) for _, x in f_calls]
+                        + [("backward", "send/recv", float(x)) for _, x in g_calls])
     table = sorted((r.phase, r.op, r.size_bytes) for r in rows for _ in range(int(r.per_microbatch / 2)))
-    assert torch_rows == table and len(f.calls) == cp - 1 and len(g.calls) == 2 * cp - 1
+    assert torch_rows == table and len(f_calls) == cp - 1 and len(g_calls) == 2 * cp - 1
 
 
 def test_alltoall_exposed_time_by_hand():

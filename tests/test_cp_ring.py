@@ -74,47 +74,17 @@ def test_ring_rows_match_torchs_own_ring_attention():
     (``permute_tensor``: each rank's whole buffer to the next rank, the table's send/recv rows).
     Shapes: GQA's local q heads (4) x 8 tokens x d 16, as the table's rank sees them."""
     torch = pytest.importorskip("torch")
-    import torch.distributed as dist
-    from torch.distributed.tensor.experimental._context_parallel import _attention as ring
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Calls(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "_c10d_functional" and func.__name__.split(".")[0] in (
-                    "all_gather_into_tensor", "all_to_all_single"):
-                self.calls.append((func.__name__.split(".")[0], args[0].numel() * args[0].element_size()))
-            return func(*args, **(kwargs or {}))
-
-    cp, (b, h, n, d) = 4, (1, 4, 8, 16)
-    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=cp)
-    try:
-        q, k, v = (torch.randn(b, h, n, d, dtype=torch.bfloat16) for _ in range(3))
-        fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-
-        def bwd(query, key, value, out, logsumexp, is_causal, grad_out):
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_out, query, key, value, out, logsumexp, 0.0, bool(is_causal))
-
-        with Calls() as f:
-            out, lse = ring._templated_ring_attention(dist.group.WORLD, 2, fwd, q, k, v, is_causal=True)
-        with Calls() as g:
-            ring._templated_ring_attention_backward(dist.group.WORLD, 2, bwd, torch.randn_like(q), "grad_out", q, k, v,
-                                                    out, lse, True)
-    finally:
-        dist.destroy_process_group()
+    from torch_ring_calls import ring_calls
+    f_calls, g_calls = ring_calls()
+    cp = 4  # torch_ring_calls runs cp 4
     rows = _cp_rows(_plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}))
     # all_gather_into_tensor's input is the rank's part: the table's all-gather size is the whole buffer
-    torch_rows = sorted([("forward", "all-gather", float(x * cp)) for _, x in f.calls]
+    torch_rows = sorted([("forward", "all-gather", float(x * cp)) for _, x in f_calls]
                         + [("backward", "all-gather" if op == "all_gather_into_tensor" else "send/recv",
-                            float(x * cp if op == "all_gather_into_tensor" else x)) for op, x in g.calls])
+                            float(x * cp if op == "all_gather_into_tensor" else x)) for op, x in g_calls])
     table = sorted((r.phase, r.op, r.size_bytes) for r in rows for _ in range(int(r.per_microbatch / 2)))
     assert torch_rows == table
-    assert len(g.calls) == 1 + cp
+    assert len(g_calls) == 1 + cp
 
 
 def _one_layer(**training):
