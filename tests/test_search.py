@@ -141,14 +141,19 @@ def refused(r, i: int) -> bool:
     which build_plan does not apply: no bound is computed for it; likewise rule ``replicate`` under
     torch, an hsdp row that shards nothing, ``reasons.TORCH_DDP_REFUSED``, rule ``v-reshard`` under torch,
     ZB-V or DualPipeV with FSDP2 over a data axis resharded after forward, ``reasons.V_RESHARD_REFUSED``,
-    and rule ``split`` under
-    megatron, a pp with no first/last split, ``reasons.MEGATRON_SPLIT_REFUSED``."""
+    rule ``split`` under
+    megatron, a pp with no first/last split, ``reasons.MEGATRON_SPLIT_REFUSED``, and rule ``block``, a block
+    recompute row the search drops by its memory bounds (search/block_recompute.py)."""
     c = r.candidates
     if r.code[i] == CODE["replicate"]:
         assert r.config.training.framework == "torch" and c.replicated[i]
         return True
     if r.code[i] == CODE["v-reshard"]:  # torch 2.13's V schedules, FSDP2 resharded after forward: V_RESHARD_REFUSED
         assert r.config.training.framework == "torch" and c.fsdp2_over_data[i] and c.pp[i] > 1 and c.rf[i]
+        return True
+    if r.code[i] == CODE["block"]:  # a block recompute row the search drops by its bounds (rule block: none fits
+        # there already, or only every layer checkpointed does, full's own row): no bound is kept for it
+        assert r.config.training.framework == "megatron" and ", block," in c.label(i)
         return True
     if r.code[i] == CODE["split"]:  # Megatron-LM sets no split at this pp: reasons.MEGATRON_SPLIT_REFUSED
         assert r.config.training.framework == "megatron" and r.config.model.layers % int(c.pp[i])
