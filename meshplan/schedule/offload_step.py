@@ -17,7 +17,7 @@ Counted on the compute row: the GPU idles through all three (the copies' PCIe li
 
 from __future__ import annotations
 
-from meshplan.memory.offload import cpu_adam_s, host_link_bytes_per_s, offloads
+from meshplan.memory.offload import CPU_ADAM_PARAMS_PER_S_PER_CORE, cpu_adam_s, host_link_bytes_per_s, offloads
 from meshplan.memory.offload_host import partition_elements
 from meshplan.units import dtype_bytes
 
@@ -69,4 +69,6 @@ def offload_line(summary) -> list[str]:
     if not any("gradient copies" in e.name for e in rows):  # a row of 0 s is not placed (step_end.stage_end)
         words = "gradient copies to host hidden behind the backward (overlap_comm), " + words
     return [f"offload (DeepSpeed ZeRO-Offload, in compute above: the GPU waits): {words}; "
-            f"{sum(e.dur_s for e in rows) * 1e3:.2f} ms in all (meshplan.memory.offload: the rates and their sources)"]
+            f"{sum(e.dur_s for e in rows) * 1e3:.2f} ms in all (meshplan.memory.offload: the rates and their sources; "
+            f"assumed: CPU Adam at {CPU_ADAM_PARAMS_PER_S_PER_CORE / 1e6:.1f}e6 parameters/s a core with "
+            "--bind_cores_to_rank, ZeRO-Offload's Table 3 not re-read, and PCIe at line rate)"]
