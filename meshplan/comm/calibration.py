@@ -27,7 +27,7 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     latency_us = 20.0            # optional: the run's own fitted alpha per call
 
 ``gpu`` is what nccl-tests prints for each rank (``cudaDeviceProp.name``,
-:func:`meshplan.comm.nccl_tests.gpus_of`); files written before it was recorded, or from
+:func:`meshplan.comm.nccl_tests_run.gpus_of`); files written before it was recorded, or from
 output that does not name one, have none and read as "GPU not recorded". What plan, step,
 search and compare print about a calibration file (its header line, where each fit came
 from, the warnings for another GPU model or a NIC figure above line rate, the note for links

@@ -5,7 +5,7 @@ line rate, the ``--json`` entry, and the note for link classes timed at line rat
 of a measured curve or a fit.
 
 ``gpu`` is what nccl-tests prints for each rank (``cudaDeviceProp.name``,
-:func:`meshplan.comm.nccl_tests.gpus_of`); files written before it was recorded, or from
+:func:`meshplan.comm.nccl_tests_run.gpus_of`); files written before it was recorded, or from
 output that does not name one, have none and read as "GPU not recorded". A link's NVLink
 generation, NICs and their PCIe path come with the GPU model, so a fit measured on one model
 describes another's links only by accident: :func:`gpu_warnings` names each calibrated class
