@@ -42,7 +42,7 @@ and applies them to a gloo cluster (the CPU testbed's) only.
 run of k GPUs per node whose busbw ``meshplan calibrate --link nic`` split over their k NICs,
 or over the N NICs ``nics_per_node`` records (:mod:`meshplan.comm.calibrate_file`); a figure above
 the cluster's catalog NIC line rate is warned
-(:func:`meshplan.comm.calibration_notes.nic_rate_warnings`). Applying a
+(:func:`meshplan.comm.calibration_warnings.nic_rate_warnings`). Applying a
 calibration writes the bandwidth, the per-step latency ``latency_us / steps(op, ranks)`` (the
 meaning of :class:`LinkSpec.latency_us`) and marks the class ``calibrated``:
 :func:`meshplan.comm.nccl_algorithms.collective_time` then times it as
