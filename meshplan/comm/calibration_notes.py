@@ -123,7 +123,7 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
     and of compare's evidence: the file, the header line (:func:`calibration_line`), per link
     class its bus bandwidth (bytes/s), per-call latency (s), source and GPU model (None when not
     recorded), SI, where each fit came from (``origin``, :func:`fit_origin_lines`), the catalog
-    figure each replaced on ``cluster``'s node (``replaced``, :func:`replaced_lines`; ``replaced_links``, the
+    figure each replaced on ``cluster``'s node (``replaced``, :func:`~meshplan.comm.calibration_replaced.replaced_lines`; ``replaced_links``, the
     same as fields: :func:`~meshplan.comm.calibration_replaced.replaced_fields`) and the GPU
     warnings against ``cluster`` (:func:`~meshplan.comm.calibration_warnings.gpu_warnings`, :func:`~meshplan.comm.calibration_warnings.nic_rate_warnings`); both [] without one."""
     return {"file": str(path), "line": calibration_line(path, calib), "origin": fit_origin_lines(calib, cluster),

@@ -17,7 +17,8 @@ writer in :mod:`~meshplan.interop.deepspeed_write`, carried user keys in
 its layer split (:mod:`~meshplan.interop.tomlout`); the flags of a launch script or
 arguments file, the launcher's apart (:mod:`~meshplan.interop.launch`); format detection
 (:mod:`~meshplan.interop.detect`) and the loader that ``plan``/``step``/``search`` use for any of them
-(:mod:`~meshplan.interop.foreign`), what an export gives back (:mod:`~meshplan.interop.roundtrip`) and
+(:mod:`~meshplan.interop.foreign`), export to any of them (:mod:`~meshplan.interop.export`, each
+format's file: :mod:`~meshplan.interop.export_formats`), what an export gives back (:mod:`~meshplan.interop.roundtrip`) and
 which rows ``search --export`` can write (:mod:`~meshplan.interop.search_export`).
 
 Every reader lists by name the fields of the foreign file that meshplan does not use (never
@@ -27,6 +28,7 @@ one-line error naming the option when it is missing.
 """
 
 __all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_carry", "deepspeed_write", "deepspeed_zero", "detect",
-           "foreign", "launch", "megatron", "megatron_carry", "megatron_ckpt", "megatron_flags", "megatron_known",
-           "megatron_model", "megatron_pipeline", "megatron_recompute", "megatron_write", "roundtrip", "search_export",
-           "tomlout", "torchtitan", "torchtitan_carry", "torchtitan_write"]
+           "export", "export_formats", "foreign", "launch", "megatron", "megatron_carry", "megatron_ckpt",
+           "megatron_flags", "megatron_known", "megatron_model", "megatron_pipeline", "megatron_recompute",
+           "megatron_write", "roundtrip", "search_export", "tomlout", "torchtitan", "torchtitan_carry",
+           "torchtitan_write"]

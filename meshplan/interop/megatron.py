@@ -160,7 +160,8 @@ from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_recompute import recompute as read_recompute
 from meshplan.interop.megatron_write import exported_model, write, write_notes
 
-#: What the modules split by concern export under this one (tests and :mod:`~meshplan.interop.foreign`).
+#: What the modules split by concern export under this one (tests, :mod:`~meshplan.interop.foreign`, :mod:`~meshplan.interop.export` and
+#: :mod:`~meshplan.interop.export_formats`).
 __all__ = ["PARALLEL", "USED", "accounted_split", "exported_model", "parse_args", "read", "unstated", "write", "write_notes"]
 
 #: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
