@@ -20,7 +20,7 @@ from meshplan import catalog
 from meshplan.config import config_from_dict, load_config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.deepspeed import batch
+from meshplan.interop.deepspeed_batch import batch
 from meshplan.interop.detect import detect
 from meshplan.interop.export import export, reimport_options
 from meshplan.interop.foreign import load_any

@@ -9,7 +9,8 @@ its checkpoint flags in
 :mod:`~meshplan.interop.megatron_pipeline`, model flags in
 :mod:`~meshplan.interop.megatron_model`, writer in :mod:`~meshplan.interop.megatron_write`,
 carried user flags in :mod:`~meshplan.interop.megatron_carry`) and DeepSpeed JSON
-(:mod:`~meshplan.interop.deepspeed`, its ZeRO knobs in :mod:`~meshplan.interop.deepspeed_zero`,
+(:mod:`~meshplan.interop.deepspeed`, its keys and misspellings in :mod:`~meshplan.interop.deepspeed_keys`, its
+batch in :mod:`~meshplan.interop.deepspeed_batch`, its ZeRO knobs in :mod:`~meshplan.interop.deepspeed_zero`,
 writer in :mod:`~meshplan.interop.deepspeed_write`, carried user keys in
 :mod:`~meshplan.interop.deepspeed_carry`, the HF Trainer's ``"auto"`` values in
 :mod:`~meshplan.interop.deepspeed_auto`) read into meshplan's tables and written from a
@@ -27,7 +28,8 @@ a DeepSpeed config) comes from :class:`~meshplan.interop.common.ImportOptions`, 
 one-line error naming the option when it is missing.
 """
 
-__all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_carry", "deepspeed_write", "deepspeed_zero", "detect",
+__all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_batch", "deepspeed_carry", "deepspeed_keys",
+           "deepspeed_write", "deepspeed_zero", "detect",
            "export", "export_formats", "foreign", "launch", "megatron", "megatron_carry", "megatron_ckpt",
            "megatron_flags", "megatron_known", "megatron_model", "megatron_pipeline", "megatron_recompute",
            "megatron_write", "roundtrip", "search_export", "tomlout", "torchtitan", "torchtitan_carry",
