@@ -1,7 +1,9 @@
 """Interoperation with the job configs practitioners already have (layer after
 :mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`, writer in
 :mod:`~meshplan.interop.torchtitan_write`, carried user keys in
-:mod:`~meshplan.interop.torchtitan_carry`), Megatron-LM arguments (:mod:`~meshplan.interop.megatron`, its flags in
+:mod:`~meshplan.interop.torchtitan_carry`), Megatron-LM arguments (:mod:`~meshplan.interop.megatron`, the keys
+its runtime's flags set in :mod:`~meshplan.interop.megatron_tables`, its cluster in
+:mod:`~meshplan.interop.megatron_cluster`, its flags in
 :mod:`~meshplan.interop.megatron_flags`, its recompute flags in :mod:`~meshplan.interop.megatron_recompute`,
 its checkpoint flags in
 :mod:`~meshplan.interop.megatron_ckpt`, Megatron-LM's whole flag list (misspellings refused) in
@@ -29,8 +31,7 @@ one-line error naming the option when it is missing.
 """
 
 __all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_batch", "deepspeed_carry", "deepspeed_keys",
-           "deepspeed_write", "deepspeed_zero", "detect",
-           "export", "export_formats", "foreign", "launch", "megatron", "megatron_carry", "megatron_ckpt",
-           "megatron_flags", "megatron_known", "megatron_model", "megatron_pipeline", "megatron_recompute",
-           "megatron_write", "roundtrip", "search_export", "tomlout", "torchtitan", "torchtitan_carry",
-           "torchtitan_write"]
+           "deepspeed_write", "deepspeed_zero", "detect", "export", "export_formats", "foreign", "launch", "megatron",
+           "megatron_carry", "megatron_ckpt", "megatron_cluster", "megatron_flags", "megatron_known", "megatron_model",
+           "megatron_pipeline", "megatron_recompute", "megatron_tables", "megatron_write", "roundtrip",
+           "search_export", "tomlout", "torchtitan", "torchtitan_carry", "torchtitan_write"]
