@@ -1,12 +1,12 @@
 """Newcomer 25, item 3: ``step --calibration`` moved the step but named only the measured
 bandwidth. Plan, step, search and compare now print, per calibrated link class, the catalog
-figure it replaced (:func:`meshplan.comm.calibration_notes.replaced_lines`, one home)."""
+figure it replaced (:func:`meshplan.comm.calibration_replaced.replaced_lines`, one home)."""
 
 from __future__ import annotations
 
 from meshplan.catalog import system
 from meshplan.comm.calibration import CalibratedLink
-from meshplan.comm.calibration_notes import replaced_lines
+from meshplan.comm.calibration_replaced import replaced_lines
 from nccl_published import DATA
 from tests.cli_run import run_cli
 from tests.test_cli_json import H100X2

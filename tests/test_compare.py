@@ -690,7 +690,8 @@ def test_a_plan_against_its_megatron_export_imported_back(tmp_path):
     was a third knob printed "None" against "core"; since review rv48 a knob counts only where it
     acts on both sides (TrainingKnobs.knob_acts): Megatron-LM's generation does not act on a torch
     plan, and the framework knob already says the runtimes differ."""
-    from meshplan.interop.foreign import export, load_any, reimport_options
+    from meshplan.interop.export import export, reimport_options
+    from meshplan.interop.foreign import load_any
     from tests.conftest import EXAMPLES
     cfg = load_config(EXAMPLES / "mini_2x4_tp2-dp4.toml")
     text, _ = export(cfg, "megatron", "mini")

@@ -17,7 +17,8 @@ import pytest
 from meshplan.config import config_from_dict, load_config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.interop.megatron import write
 from tests.cli_run import run_captured
 

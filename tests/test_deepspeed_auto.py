@@ -13,7 +13,9 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import UserFile, export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.export_formats import UserFile
+from meshplan.interop.foreign import load_any
 from meshplan.plan import build_plan
 
 H = 4096  # llama3-8b's hidden size

@@ -10,7 +10,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, reimport_options
+from meshplan.interop.export import export, reimport_options
+from meshplan.interop.foreign import load_any
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time

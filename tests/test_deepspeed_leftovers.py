@@ -9,7 +9,7 @@ import json
 import pytest
 
 from meshplan.interop.deepspeed_carry import not_planned
-from meshplan.interop.foreign import export
+from meshplan.interop.export import export
 from meshplan.plan import build_plan
 
 from tests.test_deepspeed_zero3_knobs import OPTS, _load  # noqa: E402 (the same DeepSpeed JSON writer)

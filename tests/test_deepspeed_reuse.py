@@ -13,7 +13,8 @@ import pytest
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.deepspeed_carry import not_planned
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.spec.deepspeed_reuse import frontier_bytes, prefetch_taken, reuse_kept
 
 #: one layer's parameters in trace order, elements: 1,000 in all

@@ -12,7 +12,8 @@ import pytest
 
 from meshplan.cli import main
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, user_source
+from meshplan.interop.export import export, user_source
+from meshplan.interop.foreign import load_any
 from tests.conftest import EXAMPLES
 
 OPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)

@@ -17,7 +17,8 @@ from meshplan.cli import main
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.interop.search_export import search_row_refusal
 from meshplan.memory.constraints import constraints, estimate
 from meshplan.mesh.layers import stage_layers

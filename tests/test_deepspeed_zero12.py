@@ -29,7 +29,8 @@ from meshplan.comm.row import axis_path, path_time
 from meshplan.comm.deepspeed_zero12 import allreduce_elements
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.spec.training import TrainingSpec

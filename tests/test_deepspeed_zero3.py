@@ -346,7 +346,8 @@ def test_contiguous_gradients_from_and_to_deepspeed_json(tmp_path):
     import json
 
     from meshplan.interop.common import ImportOptions
-    from meshplan.interop.foreign import export, load_any
+    from meshplan.interop.export import export
+    from meshplan.interop.foreign import load_any
 
     doc = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
            "zero_optimization": {"stage": 3, "contiguous_gradients": True, "reduce_bucket_size": 2e8}}

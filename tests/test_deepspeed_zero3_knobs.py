@@ -16,7 +16,8 @@ from meshplan.compare.differences import config_differences
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.deepspeed import search_table
 from meshplan.interop.deepspeed_carry import not_planned
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search

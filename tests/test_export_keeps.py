@@ -11,7 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, user_source
+from meshplan.interop.export import export, user_source
+from meshplan.interop.foreign import load_any
 from meshplan.interop.roundtrip import differences
 
 #: Llama-3-70B at seq 32768 on 32 dgx-h100: dp_shard 8 x cp 4 x tp 8, op-level SAC (the trial's job).
@@ -112,7 +113,7 @@ def _export_ds(tmp_path: Path, user: dict, recompute: str, ac_freq: int = 1):
     """(written JSON, header, the row's config, the config read back) of ``export --to deepspeed``
     of ``user`` at ``recompute`` (a search row's), with the user's file."""
     import json
-    from meshplan.interop.foreign import reimport_options
+    from meshplan.interop.export import reimport_options
     src = tmp_path / "ds_z3.json"
     src.write_text(json.dumps(user))
     cfg = load_any(src, "deepspeed", DS_OPTS)
@@ -187,7 +188,7 @@ def test_megatron_export_prints_no_rope_change_it_does_not_write(tmp_path):
     layout), a change no flag wrote: now nothing. The re-import says so in its own note, and
     every other field comes back the same."""
     from meshplan.config import load_config
-    from meshplan.interop.foreign import reimport_options
+    from meshplan.interop.export import reimport_options
     cfg = load_config(_moe_toml(tmp_path, ""))
     text, header = export(cfg, "megatron", "moe.toml")
     assert "--rotary-base" not in text and not [h for h in header if "rope" in h], header
@@ -202,7 +203,7 @@ def test_megatron_export_prints_no_rope_change_it_does_not_write(tmp_path):
 def test_megatron_export_writes_a_given_rope_theta(tmp_path):
     """model.rope_theta 1e6 given: ``--rotary-base 1000000`` written, read back as the same."""
     from meshplan.config import load_config
-    from meshplan.interop.foreign import reimport_options
+    from meshplan.interop.export import reimport_options
     cfg = load_config(_moe_toml(tmp_path, "rope_theta = 1000000.0\n"))
     text, header = export(cfg, "megatron", "moe.toml")
     assert "--rotary-base 1000000" in text.splitlines() and not [h for h in header if "rope" in h], header

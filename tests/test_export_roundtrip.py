@@ -12,7 +12,8 @@ import pytest
 
 from meshplan.config import config_from_dict, load_config
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, reimport_options
+from meshplan.interop.export import export, reimport_options
+from meshplan.interop.foreign import load_any
 from meshplan.interop.roundtrip import differences
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.unit_sim import Overlap
@@ -118,7 +119,7 @@ def test_torchtitan_float8_round_trip_carries_the_precompute(tmp_path, all_gathe
     without the all-gather, false -> true with it), unlisted. It is the user's, carried unchanged
     and named as carried; import -> export -> import gives the same training spec and step, and the
     header lists the one key written otherwise (dp_shard -1 spelt as its degree, 8)."""
-    from meshplan.interop.foreign import user_source
+    from meshplan.interop.export import user_source
     src = _float8_toml(tmp_path, all_gather, precompute)
     opts = ImportOptions(cluster="dgx-h100", nodes=1)
     cfg = load_any(src, opts=opts)
@@ -142,7 +143,7 @@ def test_torchtitan_export_lists_what_it_writes_otherwise(tmp_path):
     """A key of the user's torchtitan TOML the export cannot carry is listed with both values:
     enable_fsdp_float8_all_gather = true at dp_shard 1 plans no float8 all-gather (torchtitan
     gathers no weights without dp_shard) and is written false."""
-    from meshplan.interop.foreign import user_source
+    from meshplan.interop.export import user_source
     src = _float8_toml(tmp_path, True, True)
     src.write_text(src.read_text().replace("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1")
                    .replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 8"))
@@ -190,7 +191,7 @@ def test_every_example_round_trips_the_step_or_lists_what_changed(tmp_path, to):
     (``step after the round trip: A s -> B s``). An example the exporter refuses is refused with
     its reason (exit 2), never written."""
     from meshplan.errors import ConfigError
-    from meshplan.interop.foreign import user_source
+    from meshplan.interop.export import user_source
     written = 0
     for path, opts in EXAMPLES:
         cfg = load_any(path, opts=opts)
@@ -230,7 +231,7 @@ def test_megatron_export_carries_the_users_other_flags(tmp_path):
     (--recompute-activations spelt --recompute-granularity selective; --overlap-grad-reduce is
     carried as training.overlap_grad_reduce); --norm-epsilon 1e-5 written
     1e-05 is the same number, not listed. The step imported back is the same."""
-    from meshplan.interop.foreign import user_source
+    from meshplan.interop.export import user_source
     src = EX / "megatron_llama3-8b_16xh100_tp2-pp2.args"
     opts = ImportOptions(cluster="dgx-h100", nodes=2)
     cfg = load_any(src, opts=opts)

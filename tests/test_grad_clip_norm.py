@@ -17,7 +17,8 @@ import pytest
 from meshplan.config import config_from_dict, load_config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, reimport_options, user_source
+from meshplan.interop.export import export, reimport_options, user_source
+from meshplan.interop.foreign import load_any
 from meshplan.interop.roundtrip import differences
 
 EX = Path(__file__).resolve().parents[1] / "examples"

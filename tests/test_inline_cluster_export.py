@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.config import config_from_dict, load_config
-from meshplan.interop.foreign import export, read_foreign, reimport_options
+from meshplan.interop.export import export, reimport_options
+from meshplan.interop.foreign import read_foreign
 from tests.cli_run import run_main
 from tests.docs_text import docs_text
 

@@ -20,13 +20,10 @@ from meshplan import catalog
 from meshplan.config import config_from_dict, load_config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.deepspeed import batch
+from meshplan.interop.deepspeed_batch import batch
 from meshplan.interop.detect import detect
-from meshplan.interop.foreign import (
-    export,
-    load_any,
-    reimport_options,
-)
+from meshplan.interop.export import export, reimport_options
+from meshplan.interop.foreign import load_any
 from meshplan.interop.megatron import parse_args, write
 from meshplan.interop.roundtrip import differences, mesh_key
 from meshplan.interop.torchtitan_tables import default_split

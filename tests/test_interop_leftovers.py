@@ -111,7 +111,7 @@ def test_deepspeed_own_keys_and_other_sections_are_listed(tmp_path):
 def test_export_refusal_suggests_a_target_that_accepts_it():
     """The Megatron-LM example (zero1, tp 2, pp 2) refused by DeepSpeed suggested torchtitan,
     which refuses zero1 too; only Megatron-LM takes it."""
-    from meshplan.interop.foreign import export
+    from meshplan.interop.export import export
     cfg = load_any(MG, opts=H100x2)
     with pytest.raises(ConfigError) as e:
         export(cfg, "deepspeed", "m")
@@ -127,7 +127,7 @@ def test_export_refusal_suggests_a_target_that_accepts_it():
 def test_every_export_refusal_names_only_targets_that_accept(name):
     """For each example and each foreign target: a refusal's ``export --to X`` names targets
     that export the same config without an error, and says so when there is none."""
-    from meshplan.interop.foreign import export
+    from meshplan.interop.export import export
     from tests.test_interop import EX
     opts = DSOPTS if name.endswith(".json") else H100x2 if name.startswith(("megatron", "torchtitan")) else \
         ImportOptions()
@@ -152,7 +152,7 @@ def test_export_refused_by_every_format_says_so():
     (before: "all refuse it" alone; a newcomer's Mixtral was refused by Megatron-LM for its recompute
     only, and the line did not say so)."""
     from meshplan.config import config_from_dict
-    from meshplan.interop.foreign import export
+    from meshplan.interop.export import export
     cfg = config_from_dict({"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
                             "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "sharding": "hsdp"},
                             "mesh": {"names": ["dp_replicate", "dp_shard", "tp"], "shape": [2, 4, 2],
@@ -186,7 +186,8 @@ def _main(argv, capsys) -> tuple[int, str, str]:
 def test_dash_o_is_stdout_for_import_export_and_search(tmp_path, monkeypatch, capsys):
     """``-o -`` wrote a file named '-'; now the file goes to stdout and the rest to stderr (the
     imported TOML, the torchtitan TOML and Megatron-LM's arguments as they are)."""
-    from meshplan.interop.foreign import export, import_text
+    from meshplan.interop.export import export
+    from meshplan.interop.foreign import import_text
     from meshplan.interop.source_file import source_table
     from tests.test_interop import EX
     monkeypatch.chdir(tmp_path)
@@ -280,7 +281,7 @@ def test_deepspeed_export_of_a_model_outside_the_catalog():
     to take), so torchtitan's refusal could not suggest DeepSpeed either. A DeepSpeed config
     holds no model: the file is written, the header asks for --model on import."""
     from meshplan.config import config_from_dict
-    from meshplan.interop.foreign import export
+    from meshplan.interop.export import export
     cfg = config_from_dict({"model": {"name": "tiny", "layers": 4, "hidden": 512, "ffn": 2048, "q_heads": 8,
                                       "vocab": 32000},
                             "cluster": {"system": "dgx-h100", "nodes": 1},

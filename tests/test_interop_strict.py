@@ -19,7 +19,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, reimport_options
+from meshplan.interop.export import export, reimport_options
+from meshplan.interop.foreign import load_any
 from meshplan.interop.roundtrip import differences
 
 from tests.test_interop import DS, EX, H100, MG, ROOT, TT  # noqa: F401  (the examples and options both use)

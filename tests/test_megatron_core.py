@@ -12,7 +12,7 @@ import pytest
 
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
-from meshplan.interop.foreign import export
+from meshplan.interop.export import export
 from meshplan.interop.megatron import read
 from meshplan.interop.common import ImportOptions
 from meshplan.plan import build_plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from meshplan import catalog
 from meshplan.config import config_from_dict
-from meshplan.interop.foreign import export
+from meshplan.interop.export import export
 from meshplan.interop.roundtrip import differences
 
 #: GPT-3 175B from the catalog (head_dim unset: 12288 / 96 = 128) as Megatron-LM runs it.

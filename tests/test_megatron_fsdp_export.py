@@ -14,7 +14,7 @@ import pytest
 from cli_run import run_main as _main
 
 from meshplan.config import config_from_dict
-from meshplan.interop.foreign import export, user_source
+from meshplan.interop.export import export, user_source
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ENV = "environment: unset CUDA_DEVICE_MAX_CONNECTIONS (or set it above 1) before launching"

@@ -10,7 +10,7 @@ from test_newcomer21 import MIXTRAL_ARGS
 
 from meshplan.config import config_from_dict
 from meshplan.interop import megatron
-from meshplan.interop.foreign import ImportOptions
+from meshplan.interop.common import ImportOptions
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -126,7 +126,8 @@ def _fsdp_args(tmp_path, strategy: str) -> Path:
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_megatron_fsdp_strategies_import_as_what_they_are_and_export_back(tmp_path, strategy):
     from meshplan.config import load_config
-    from meshplan.interop.foreign import export, load_any, reimport_options
+    from meshplan.interop.export import export, reimport_options
+    from meshplan.interop.foreign import load_any
     sharding, fsdp, data = STRATEGIES[strategy]
     toml = tmp_path / "imported.toml"
     assert _main("import", "megatron", _fsdp_args(tmp_path, strategy), "--cluster", "dgx-h100", "--nodes", 2,

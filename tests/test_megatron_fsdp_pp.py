@@ -12,7 +12,7 @@ import pytest
 
 from meshplan.cli.interop_cmds import _step_s
 from meshplan.config import config_from_dict
-from meshplan.interop.foreign import export
+from meshplan.interop.export import export
 
 NOTE = ("Megatron FSDP (zero3) at pp 2 x vpp 2: Megatron-LM d98e8a6 runs it as written (validate_args refuses "
         "pp > 1 only under --use-torch-fsdp2, and Megatron FSDP only in its version 2, not the default 1, which "

@@ -17,7 +17,8 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, reimport_options
+from meshplan.interop.export import export, reimport_options
+from meshplan.interop.foreign import load_any
 from meshplan.interop.roundtrip import differences
 from meshplan.interop.megatron import write
 from meshplan.interop.tomlout import resolved

@@ -20,7 +20,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.interop.megatron import write
 from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap

@@ -315,7 +315,8 @@ def test_a_small_mla_mesh_with_tp_and_cp_steps():
 def test_megatron_export_round_trips_mla(tmp_path):
     """Megatron-LM's --multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim (the
     no-RoPE part), --qk-pos-emb-head-dim and --v-head-dim carry the MLA fields both ways."""
-    from meshplan.interop.foreign import export, load_any, reimport_options
+    from meshplan.interop.export import export, reimport_options
+    from meshplan.interop.foreign import load_any
     from meshplan.interop.roundtrip import differences
     model = {**BASE["model"], "q_lora_rank": 96, "vocab": 1024}
     cfg = config_from_dict({**BASE, "model": model, "training": {**BASE["training"], "framework": "megatron"},
@@ -359,7 +360,8 @@ def test_plan_of_an_hf_deepseek_config_prints_what_is_not_modelled(tmp_path):
 def test_megatron_round_trip_of_the_v3_example_keeps_its_dense_layers(tmp_path):
     """--moe-layer-freq '[0]*3+[1]*58' carries DeepSeek-V3's three leading dense layers."""
     from dataclasses import replace
-    from meshplan.interop.foreign import export, load_any, reimport_options
+    from meshplan.interop.export import export, reimport_options
+    from meshplan.interop.foreign import load_any
     from meshplan.interop.roundtrip import differences
     cfg = load_config(EXAMPLE)
     cfg = replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron"}))

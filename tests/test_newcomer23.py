@@ -296,7 +296,7 @@ def test_a_deepspeed_batch_that_disagrees_says_what_to_set():
     """Trial 23 #5: train_batch_size 1000 against 1 x 16 x dp 64 = 1024 has a fix: the product,
     or the accumulation steps that give 1000 where they are whole (none here: leave it out)."""
     from meshplan.errors import ConfigError
-    from meshplan.interop.deepspeed import batch
+    from meshplan.interop.deepspeed_batch import batch
     with pytest.raises(ConfigError) as err:
         batch({"train_batch_size": 1000, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16}, 64)
     assert err.value.message == ("1000 != train_micro_batch_size_per_gpu 1 x gradient_accumulation_steps 16 x dp 64 = "

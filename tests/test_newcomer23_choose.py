@@ -183,7 +183,7 @@ def test_tp_comm_overlap_on_a100_is_kept_with_ub_skipmc(tmp_path):
     2022's GPT-3 run, tp 8 x pp 8, sequence parallel) with the knob stays feasible, and export's header
     and launch's torchrun.sh set UB_SKIPMC=1; the same plan on H100 (9.0, multicast) does not."""
     from meshplan.config import load_config
-    from meshplan.interop.foreign import export
+    from meshplan.interop.export import export
     from meshplan.interop.megatron_env import launch_env
     from meshplan.placement.rendezvous import env_lines
     from tests.conftest import ROOT

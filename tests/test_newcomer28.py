@@ -9,7 +9,8 @@ import pytest
 
 from meshplan.catalog import system
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, user_source
+from meshplan.interop.export import export, user_source
+from meshplan.interop.foreign import load_any
 from meshplan.interop.megatron import read
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.placement.choice import choose_placement

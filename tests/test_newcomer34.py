@@ -11,7 +11,8 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, user_source
+from meshplan.interop.export import export, user_source
+from meshplan.interop.foreign import load_any
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron import SWITCHES
 NC34 = Path(__file__).parent / "data" / "nc34"

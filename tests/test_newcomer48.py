@@ -159,7 +159,7 @@ def _export_full(tmp_path: Path) -> tuple[dict, list[str], object, object]:
     dgx-h100, unchanged."""
     import tomllib
 
-    from meshplan.interop.foreign import export, user_source
+    from meshplan.interop.export import export, user_source
     src, opts = DATA / "dsv3_16b_ep8_full.toml", ImportOptions(cluster="dgx-h100", nodes=64)
     cfg = load_any(src, "torchtitan", opts)
     text, header = export(cfg, "torchtitan", str(src), user_source(src))

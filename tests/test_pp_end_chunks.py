@@ -22,7 +22,7 @@ from collections import Counter
 import pytest
 
 from meshplan.config import config_from_dict, load_config
-from meshplan.interop.foreign import export
+from meshplan.interop.export import export
 from meshplan.interop.megatron import accounted_split
 from meshplan.interop.torchtitan_tables import model_parts
 from meshplan.mesh.layers import last_stage, stage_layers

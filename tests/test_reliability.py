@@ -933,7 +933,8 @@ def test_megatron_save_interval_round_trips(tmp_path):
     from meshplan.config import config_from_dict
     from meshplan.config_toml import parse_toml
     from meshplan.interop.common import ImportOptions
-    from meshplan.interop.foreign import export, load_any
+    from meshplan.interop.export import export
+    from meshplan.interop.foreign import load_any
     args = (Path(__file__).resolve().parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text()
     f = tmp_path / "a.args"
     f.write_text(args + "--save-interval 1000\n")

@@ -26,7 +26,8 @@ import tomllib
 import pytest
 
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.interop.torchtitan_write import reshard_policy
 from meshplan.plan import build_plan
 

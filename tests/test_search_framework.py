@@ -53,7 +53,7 @@ def test_zero1_rejected_under_torch_by_name(training, rejected):
 def test_torch_search_top_exports_to_torchtitan(tmp_path):
     """The same space searched under torch: no zero1 row in the top, a note names the rule and
     the fix, and row 1 exports to torchtitan (it used to rank zero1, which torchtitan refuses)."""
-    from meshplan.interop.foreign import export
+    from meshplan.interop.export import export
 
     cfg = config(pp=[1], tp=[1, 2])
     r = search(cfg, workers=1)
@@ -250,7 +250,7 @@ def test_megatron_search_rejects_the_rows_megatron_cannot_run(tmp_path, capsys):
     import json
 
     from meshplan.cli import main
-    from meshplan.interop.foreign import export
+    from meshplan.interop.export import export
     from meshplan.report.search import export_lines
     from meshplan.search.reasons import MEGATRON_REFUSED
 

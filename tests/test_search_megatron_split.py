@@ -19,7 +19,8 @@ from meshplan.config import config_from_dict, load_config
 from meshplan.interop.tomlout import meshplan_tables
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.interop import megatron
-from meshplan.interop.foreign import ImportOptions, not_expressed
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.export import not_expressed
 from meshplan.mesh.layers import first_last_sets, first_last_split
 from meshplan.report.search import export_lines
 from meshplan.search.candidate import stage_split

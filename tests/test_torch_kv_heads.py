@@ -12,7 +12,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import FORMATS, ImportOptions
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.plan import Plan, build_plan
 from meshplan.plan_runtime import export_refusals
 

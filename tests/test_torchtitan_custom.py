@@ -17,7 +17,7 @@ import pytest
 
 from meshplan.config import config_from_dict, load_config
 from meshplan.errors import ConfigError
-from meshplan.interop.foreign import export
+from meshplan.interop.export import export
 from meshplan.interop.torchtitan_custom import llama3_ffn, not_llama3, snippet_flavors, solve_ffn
 from meshplan.interop.torchtitan_write import custom_flavor, model_table
 from tests.cli_run import run_main

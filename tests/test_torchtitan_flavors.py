@@ -14,7 +14,8 @@ from meshplan import catalog
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.interop.roundtrip import differences
 from meshplan.interop.torchtitan_flavors import flavor_model, flavor_of, flavor_refusal
 from meshplan.spec.hf import model_from_hf_config

@@ -19,7 +19,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.interop.torchtitan_flavors import flavor_model
 from tests.cli_run import run_main
 

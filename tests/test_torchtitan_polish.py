@@ -17,7 +17,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, user_source
+from meshplan.interop.export import export, user_source
+from meshplan.interop.foreign import load_any
 from meshplan.mesh import validity
 from meshplan.compute.shapes import local_shapes
 from meshplan.interop.tomlout import resolved

@@ -27,7 +27,9 @@ from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.launch_args import flag_lines
-from meshplan.interop.foreign import UserFile, export, import_text, load_any
+from meshplan.interop.export import export
+from meshplan.interop.export_formats import UserFile
+from meshplan.interop.foreign import import_text, load_any
 from meshplan.interop.torchtitan_custom import meshplan_snippet, snippet
 from meshplan.interop.torchtitan_write import custom_flavor
 from meshplan.interop.source_file import carried_source, source_table, with_source_model

@@ -122,10 +122,10 @@ def _calibration(calibration: Optional[Calibrations], cluster) -> Optional[dict]
     NVIDIA H100 80GB HBM3: nvlink 450 GB/s, nic 45 GB/s``), and print that line, where each fit came
     from (``origin``: ``  nic fitted to all-reduce over 16 ranks on 2 nodes, ...``) and a
     ``warning:`` line per GPU model of the file that is not ``cluster``'s
-    (:func:`~meshplan.comm.calibration_notes.gpu_warnings`), then per link class the catalog
+    (:func:`~meshplan.comm.calibration_warnings.gpu_warnings`), then per link class the catalog
     figure its fit replaced (``replaced``: ``  nic all-reduce busbw 45.00 GB/s per NIC calibrated fit
     (logged 44.97 at 8.00 GiB), catalog 47.00 (...)``,
-    :func:`~meshplan.comm.calibration_notes.replaced_lines`); None without a calibration."""
+    :func:`~meshplan.comm.calibration_replaced.replaced_lines`); None without a calibration."""
     if not calibration:
         return None
     shown = calibration if isinstance(calibration, (str, Path)) else " + ".join(str(p) for p in calibration)

@@ -16,7 +16,7 @@ from meshplan.cli.loading import _calibrated, _calibration
 from meshplan.cli.search_rows import export_choice, missing_row
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.foreign import UserFile
+from meshplan.interop.export_formats import UserFile
 from meshplan.report.progress import ProgressBar
 from meshplan.report.search_clear import export_warnings
 from meshplan.report.search_frameworks import cross_to_dict, print_cross

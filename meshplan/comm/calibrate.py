@@ -58,7 +58,8 @@ from meshplan.comm.calibrate_nics import (asked_nics, catalog_nic_gb_per_s, curv
 from meshplan.comm.calibrate_table import DROP_OTHER_OP, DROP_FASTER, run_table
 from meshplan.comm.calibration_kinds import RING_OPS, kinds_set, read_rate
 from meshplan.comm.linkfit import LinkFit
-from meshplan.comm.nccl_tests import BenchRow, op_of_test
+from meshplan.comm.nccl_tests import BenchRow
+from meshplan.comm.nccl_tests_program import op_of_test
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import BusbwCurve
 from meshplan.units import GB, US, human_bytes

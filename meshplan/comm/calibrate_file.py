@@ -39,7 +39,7 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   curve against the node's N NICs (:mod:`meshplan.comm.calibration`).
 
 Each file's GPU model is what nccl-tests prints after the PCI address of its ``#  Rank``
-lines (``device_info`` in JSON; :func:`~meshplan.comm.nccl_tests.gpus_of`). Files whose
+lines (``device_info`` in JSON; :func:`~meshplan.comm.nccl_tests_run.gpus_of`). Files whose
 ranks name two GPU models (an A100 node's run beside an H200 node's) are refused, in one
 file or across the files given: a calibration file describes the links of one cluster, whose
 GPUs are of one model (:class:`~meshplan.spec.cluster.ClusterSpec`), and the slowest of an
@@ -65,8 +65,9 @@ from typing import Optional, Sequence
 from meshplan.comm.calibrate_nics import nic_split, split_note
 from meshplan.comm.calibration_kinds import host_share
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta, latency_bound_reason
-from meshplan.comm.nccl_tests import (TEST_OPS, BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text,
-                                      op_of_test, row_fits, trailer_warning)
+from meshplan.comm.nccl_tests import BenchRow, parse_nccl_tests, read_nccl_tests_text
+from meshplan.comm.nccl_tests_program import TEST_OPS, op_of_test, row_fits
+from meshplan.comm.nccl_tests_run import gpus_of, hosts_of, trailer_warning
 from meshplan.errors import ConfigError
 
 
@@ -189,7 +190,7 @@ def _own_test_note(name: str, own: str, banner: str) -> str:
 
 def _op_fits(text: str, name: str, op: str) -> None:
     """ConfigError naming the log ``name`` (without nccl-tests' banner) whose rows do not fit the test
-    ``op`` it is read as (:func:`~meshplan.comm.nccl_tests.row_fits`): an all_reduce log read as
+    ``op`` it is read as (:func:`~meshplan.comm.nccl_tests_program.row_fits`): an all_reduce log read as
     all_gather by an ``--op`` meant for another log."""
     found = row_fits(text, len(hosts_of(text)) or None)
     if found is None or not found[0] or any(TEST_OPS[f] == op for f in found[0]):

@@ -11,7 +11,7 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.comm.calibration_kinds import host_share
-from meshplan.comm.calibration_notes import same_gpu
+from meshplan.comm.calibration_warnings import same_gpu
 from meshplan.comm.linkfit import LinkFit
 from meshplan.errors import ConfigError
 from meshplan.units import GB
@@ -19,7 +19,7 @@ from meshplan.units import GB
 
 def catalog_nic_gb_per_s(gpu: Optional[str], node: Optional[str] = None) -> tuple[float, str]:
     """(GB/s, catalog node) of the fastest NIC (line rate / 8) of the catalog nodes whose GPU
-    is ``gpu`` (:func:`~meshplan.comm.calibration_notes.same_gpu`), of every catalog node when none
+    is ``gpu`` (:func:`~meshplan.comm.calibration_warnings.same_gpu`), of every catalog node when none
     is or ``gpu`` is None; of catalog node ``node`` alone when given (``--system``).
 
     >>> catalog_nic_gb_per_s("NVIDIA H100 80GB HBM3"), catalog_nic_gb_per_s("NVIDIA A100-SXM4-80GB")
@@ -199,7 +199,7 @@ def fit_gbs(fit: LinkFit) -> str:
 def system_gpu_warning(system: Optional[str], models: dict[str, str]) -> Optional[str]:
     """A ``warning:`` line when catalog node ``system`` (``--system``) holds another GPU than
     the one the logs' ``#  Rank`` lines name (``models``: GPU model -> the first file naming
-    it, one model at most; :func:`~meshplan.comm.calibration_notes.same_gpu`), else None: its NIC
+    it, one model at most; :func:`~meshplan.comm.calibration_warnings.same_gpu`), else None: its NIC
     count and line rate are then another machine's.
 
     >>> system_gpu_warning("dgx-h100", {"NVIDIA H100 80GB HBM3": "x.txt"})

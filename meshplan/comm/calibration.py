@@ -27,7 +27,7 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     latency_us = 20.0            # optional: the run's own fitted alpha per call
 
 ``gpu`` is what nccl-tests prints for each rank (``cudaDeviceProp.name``,
-:func:`meshplan.comm.nccl_tests.gpus_of`); files written before it was recorded, or from
+:func:`meshplan.comm.nccl_tests_run.gpus_of`); files written before it was recorded, or from
 output that does not name one, have none and read as "GPU not recorded". What plan, step,
 search and compare print about a calibration file (its header line, where each fit came
 from, the warnings for another GPU model or a NIC figure above line rate, the note for links
@@ -42,7 +42,7 @@ and applies them to a gloo cluster (the CPU testbed's) only.
 run of k GPUs per node whose busbw ``meshplan calibrate --link nic`` split over their k NICs,
 or over the N NICs ``nics_per_node`` records (:mod:`meshplan.comm.calibrate_file`); a figure above
 the cluster's catalog NIC line rate is warned
-(:func:`meshplan.comm.calibration_notes.nic_rate_warnings`). Applying a
+(:func:`meshplan.comm.calibration_warnings.nic_rate_warnings`). Applying a
 calibration writes the bandwidth, the per-step latency ``latency_us / steps(op, ranks)`` (the
 meaning of :class:`LinkSpec.latency_us`) and marks the class ``calibrated``:
 :func:`meshplan.comm.nccl_algorithms.collective_time` then times it as

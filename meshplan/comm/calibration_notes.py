@@ -1,36 +1,26 @@
 """What plan, step, search and compare print about a calibration file
 (:mod:`meshplan.comm.calibration`): the header line under the title, where each link class's
-fit came from, the warnings for a fit measured on another GPU model or above the node's NIC
-line rate, the ``--json`` entry, and the note for link classes timed at line rate for lack
-of a measured curve or a fit.
+fit came from and which collectives it sets, the ``--json`` entry, and the notes for link
+classes timed at line rate for lack of a measured curve or a fit, and for RoCEv2 NICs timed on
+an InfiniBand curve.
 
-``gpu`` is what nccl-tests prints for each rank (``cudaDeviceProp.name``,
-:func:`meshplan.comm.nccl_tests.gpus_of`); files written before it was recorded, or from
-output that does not name one, have none and read as "GPU not recorded". A link's NVLink
-generation, NICs and their PCIe path come with the GPU model, so a fit measured on one model
-describes another's links only by accident: :func:`gpu_warnings` names each calibrated class
-whose model is not the cluster's catalog GPU (compared by model name, :func:`same_gpu`), and
-plan, step, search and compare print those lines (text and ``--json``) under
-:func:`calibration_line`. They warn rather than refuse: the fit is still a measurement, a
-what-if on other links is a fair question, and the name match is by model family only.
-
-A ``nic`` figure above the line rate of the cluster's catalog NICs holds several NICs'
-traffic (:func:`nic_rate_warnings`).
+The warnings for a fit measured on another GPU model or above the node's NIC line rate are in
+:mod:`meshplan.comm.calibration_warnings`; the catalog figure each calibrated link class
+replaced, as lines and as fields, in :mod:`meshplan.comm.calibration_replaced`.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 from meshplan import catalog
 from meshplan.comm.calibration import CalibratedLink
-from meshplan.comm.calibration_replaced import replaced_fields
-from meshplan.comm.calibration_kinds import (NVLS_KEPT_WORDS, RING_OPS, host_share, nvls_kept, ops_words, own_runs, per_nic,
-                                             sets_ops)
-from meshplan.config_tables import nic_override_gbit
+from meshplan.comm.calibration_kinds import NVLS_KEPT_WORDS, RING_OPS, nvls_kept, ops_words, own_runs, sets_ops
+from meshplan.comm.calibration_replaced import replaced_fields, replaced_lines
+from meshplan.comm.calibration_warnings import gpu_warnings, nic_rate_warnings
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec
 from meshplan.units import human_bytes
+
 
 
 def measured_on(c: CalibratedLink) -> str:
@@ -128,160 +118,14 @@ def sets_line(name: str, c: CalibratedLink, catalog_nic: bool = True) -> str:
                else ""))
 
 
-def replaced_lines(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
-    """Per calibrated link class, its calibrated fit (the alpha-beta line's bus bandwidth, not a
-    logged number) with, where the file holds the fitted run's logged curve, the busbw it logged at
-    the logged size nearest the catalog figure's (:func:`logged_at`), beside the catalog figure it
-    replaced on ``cluster``'s node (the catalog entry of that name: nodes.toml and its nccl.toml
-    curves), one line each, printed by plan, step, search and compare under the header
-    (:func:`calibration_line`): ``nic`` per NIC against the catalog NIC curve's busbw per NIC at
-    its largest size (:func:`~meshplan.comm.calibration_kinds.per_nic`), ``nvlink`` against the
-    catalog NVLink curve's busbw there, each else (and ``pcie``) against the catalog line rate; a
-    node not in the catalog says so. Newcomer trial 27 #D: the line once called the fit
-    "measured" (20.42 GB/s per NIC, its 163.32 GB/s line over 8 NICs) where the log held 21.87
-    at that size (174.96 / 8).
-
-    >>> from meshplan.catalog import system
-    >>> replaced_lines({"nic": CalibratedLink(latency_us=30, bandwidth_gb_per_s=45.0, op="all-reduce", ranks=16,
-    ...                                      source="a")}, system("dgx-h100", nodes=2))
-    ['  nic all-reduce busbw 45.00 GB/s per NIC calibrated fit, catalog 47.00 (ib-ndr-400-8nic at 8.00 GiB; line rate 50)']
-    """
-    name = cluster.node.name
-    if name not in catalog.names("node"):
-        return [f"  {link} busbw {c.bandwidth_gb_per_s:.2f} GB/s calibrated fit{logged_at(link, c, None)}, no catalog "
-                f"figure: node {name} is not a catalog node" for link, c in calib.items()]
-    node, keys = catalog.node(name), catalog.entry("node", name).get("busbw", {})
-    catalog_gbit = node.nics[0].rate_gbit_per_s if node.nics else None
-    config_gbit = nic_override_gbit(cluster.node.source)  # [cluster] nic's: the line the plan reads (nc54 #5)
-    if node.nics and config_gbit is not None:
-        node = node.model_copy(update={"nics": [n.model_copy(update={"rate_gbit_per_s": config_gbit})
-                                                for n in node.nics]})
-    out = []
-    for link, c in calib.items():
-        per = " per NIC" if link == "nic" else ""
-        curve = {"nic": node.busbw.get("nic"), "nvlink": node.busbw.get("nvlink")}.get(link)
-        size = curve.sizes_bytes[-1] if curve is not None else None
-        own = link == "nic" and bool(c.curve) and c.op not in RING_OPS  # per op: it replaced no ring figure
-        out.append(f"  {link} {c.op + ' ' if c.op else ''}busbw {c.bandwidth_gb_per_s:.2f} GB/s{per} calibrated fit"
-                   f"{logged_at(link, c, size)}, "
-                   f"{'the ring ops keep the catalog' + chr(39) + 's ' if own else 'catalog '}"
-                   f"{_catalog_figure(link, node, keys, catalog_gbit)}")
-    return out
-
-
-def logged_at(link: str, c: CalibratedLink, size_bytes: Optional[float]) -> str:
-    """`` (logged 21.87 at 4.00 GiB = busbw 174.96 / 8 NICs)``: the busbw the fitted run logged (its
-    ``[[link.<class>.curve]]``; for ``nic`` the fit's quantity, nccl-tests' busbw per NIC: x the host
-    share over the NICs it was split over, :func:`~meshplan.comm.calibration_kinds.host_share`,
-    :meth:`CalibratedLink.split_nics`, with that formula) at its logged size nearest ``size_bytes``
-    (its largest where None); "" where the file has no logged curve of the fitted run. Trial 28:
-    an all-to-all over 2 x 8 H100 logged 64.59 GB/s at 4 GiB, 34.45 per NIC = 64.59 x 8 / 15 (it
-    said 8.07 = 64.59 / 8).
-
-    >>> from meshplan.comm.calibration import LoggedCurve
-    >>> run = LoggedCurve(op="all-reduce", ranks=32, nodes=4, sizes_bytes=[2**31, 2**32, 2**33],
-    ...                   busbw_gb_per_s=[174.34, 174.96, 176.39], source="s")
-    >>> c = CalibratedLink(latency_us=41.05, bandwidth_gb_per_s=20.42, op="all-reduce", ranks=32, source="s", curve=[run])
-    >>> logged_at("nic", c, 2**32), logged_at("nic", c, None)  # 174.96 / 8 NICs; 176.39 / 8
-    (' (logged 21.87 at 4.00 GiB = busbw 174.96 / 8 NICs)', ' (logged 22.05 at 8.00 GiB = busbw 176.39 / 8 NICs)')
-    >>> a2a = LoggedCurve(op="all-to-all", ranks=16, nodes=2, sizes_bytes=[2**32], busbw_gb_per_s=[64.59], source="s")
-    >>> logged_at("nic", CalibratedLink(latency_us=37.74, bandwidth_gb_per_s=34.66, op="all-to-all", ranks=16,
-    ...                                 source="s", curve=[a2a]), 2**33)  # 64.59 x 8 / 15 = 34.448
-    " (logged 34.45 at 4.00 GiB = busbw 64.59 x (16 - 8) / (16 - 1), the share of a rank's bytes that leaves its host, through its own NIC)"
-    """
-    curve = c.fitted_curve()
-    if curve is None or not curve.sizes_bytes:
-        return ""
-    at = len(curve.sizes_bytes) - 1 if size_bytes is None else min(
-        range(len(curve.sizes_bytes)), key=lambda i: abs(curve.sizes_bytes[i] - size_bytes))
-    busbw, size = curve.busbw_gb_per_s[at], human_bytes(curve.sizes_bytes[at])
-    if link != "nic":
-        return f" (logged {busbw:.2f} at {size})"
-    g, nics = curve.ranks // curve.nodes, c.split_nics(curve)
-    share = host_share(curve.op, curve.ranks, g)
-    if share == 1.0:
-        how = f"busbw {busbw:.2f} / {nics} NICs" if nics > 1 else "busbw"
-    else:  # all-to-all: nccl-tests' busbw is per rank, the share (n - g) / (n - 1) of it leaves the host
-        n = curve.ranks
-        how = (f"busbw {busbw:.2f} x ({n} - {g}) / ({n} - 1){'' if nics == g else f' x {g} / {nics}'}, the share of "
-               "a rank's bytes that leaves its host, through its own NIC")
-    return f" (logged {busbw * share / nics:.2f} at {size} = {how})"
-
-
-def _catalog_figure(link: str, node, keys: dict, catalog_gbit: Optional[float] = None) -> str:
-    """The catalog figure of ``link`` on catalog ``node`` (a NodeSpec; ``keys``: its nodes.toml
-    ``busbw`` curve names), as :func:`replaced_lines` prints it: read against ``node``'s NIC rate, the
-    config's where ``[cluster] nic`` set one other than ``catalog_gbit`` (the catalog node's, Gb/s),
-    and then said so (newcomer trial 54 #5: the header said "line rate 50" on a config of 50 Gb/s NICs)."""
-    if link == "nic" and not node.nics:
-        return "none (the node has no NIC)"
-    rate = {"nic": node.nics[0].rate_gbit_per_s / 8 if node.nics else 0.0, "nvlink": node.fabric.bandwidth_gb_per_s,
-            "pcie": node.pcie.bandwidth_gb_per_s}[link]
-    curve = node.busbw.get(link) if link in ("nic", "nvlink") else None
-    own = (f" = the config's {rate * 8:g} Gb/s NICs, not the catalog's {catalog_gbit:g} Gb/s" if link == "nic"
-           and catalog_gbit is not None and node.nics and node.nics[0].rate_gbit_per_s != catalog_gbit else "")
-    if curve is None:
-        return f"{rate:g} (line rate{own}; no measured curve in the catalog)"
-    size = curve.sizes_bytes[-1]
-    return f"{per_nic(curve, size, rate):.2f} ({keys.get(link, link)} at {human_bytes(size)}; line rate {rate:g}{own})"
-
-
-def _families(name: str) -> set[str]:
-    """Model tokens of a GPU name: a few letters then 2 to 4 digits and an optional letter
-    (``a100``, ``h200``, ``gb200``, ``mi300x``, ``l40s``), lowercased; memory sizes (``80gb``),
-    form factors (``sxm4``) and vendors are not."""
-    return {t for t in re.findall(r"[a-z0-9]+", name.lower()) if re.fullmatch(r"[a-z]{1,3}[0-9]{2,4}[a-z]?", t)}
-
-
-def same_gpu(measured: str, catalog: str) -> bool:
-    """Whether nccl-tests' GPU name ``measured`` is the catalog GPU ``catalog``: they share a
-    model token (:func:`_families`). A name without one (``cuda:0``) matches nothing.
-
-    >>> same_gpu("NVIDIA H100 80GB HBM3", "h100-sxm5-80gb"), same_gpu("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb")
-    (True, True)
-    >>> same_gpu("NVIDIA A100-SXM4-80GB", "h100-sxm5-80gb"), same_gpu("NVIDIA H200", "h100-sxm5-80gb")
-    (False, False)
-    >>> same_gpu("NVIDIA GB200", "b200-gb200-186gb"), same_gpu("AMD Instinct MI300X", "mi300x-oam-192gb")
-    (True, True)
-    """
-    return bool(_families(measured) & _families(catalog))
-
-
-def gpu_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
-    """One line per GPU model of ``calib`` that is not ``cluster``'s catalog GPU
-    (:func:`same_gpu`), naming the file, its link classes measured on that model and both GPUs;
-    none for link classes without a recorded GPU (:func:`calibration_line` says so) or
-    measured with gloo."""
-    by_gpu: dict[str, list[str]] = {}
-    for name, c in calib.items():
-        if c.gpu and c.backend != "gloo" and not same_gpu(c.gpu, cluster.gpu.name):
-            by_gpu.setdefault(c.gpu, []).append(name)
-    return [f"--calibration {path}: {' and '.join(links)} measured on {gpu} ({catalog_words(gpu)}), but cluster "
-            f"{cluster.name} has {cluster.gpu.name}: these are another machine's links; calibrate on this cluster's "
-            "GPUs (nccl-tests + meshplan calibrate) or plan a cluster of the measured GPU" for gpu, links in by_gpu.items()]
-
-
-def catalog_words(measured: str) -> str:
-    """The catalog GPU(s) a measured device name is (:func:`same_gpu`), in the catalog's ids, so
-    a warning names both GPUs in the same kind of name as the cluster's.
-
-    >>> catalog_words("NVIDIA A100-SXM4-80GB"), catalog_words("NVIDIA L4"), catalog_words("NVIDIA A100")
-    ('catalog a100-sxm-80gb', 'no catalog GPU', 'catalog a100-sxm-40gb or a100-sxm-80gb')
-    """
-    ids = [g for g in catalog.names("gpu") if same_gpu(measured, g)]
-    sized = [g for g in ids if (m := re.search(r"(\d+)gb$", g)) and re.search(rf"\b{m.group(1)}\s*GB", measured, re.I)]
-    ids = sized or ids  # the part of the measured memory where its name gives one (A100 40GB / 80GB)
-    return f"catalog {' or '.join(ids)}" if ids else "no catalog GPU"
-
-
 def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[ClusterSpec] = None) -> dict:
     """The ``calibration`` entry of the plan, step, search and compare ``--json`` documents
     and of compare's evidence: the file, the header line (:func:`calibration_line`), per link
     class its bus bandwidth (bytes/s), per-call latency (s), source and GPU model (None when not
     recorded), SI, where each fit came from (``origin``, :func:`fit_origin_lines`), the catalog
-    figure each replaced on ``cluster``'s node (``replaced``, :func:`replaced_lines`; ``replaced_links``, the
+    figure each replaced on ``cluster``'s node (``replaced``, :func:`~meshplan.comm.calibration_replaced.replaced_lines`; ``replaced_links``, the
     same as fields: :func:`~meshplan.comm.calibration_replaced.replaced_fields`) and the GPU
-    warnings against ``cluster`` (:func:`gpu_warnings`); both [] without one."""
+    warnings against ``cluster`` (:func:`~meshplan.comm.calibration_warnings.gpu_warnings`, :func:`~meshplan.comm.calibration_warnings.nic_rate_warnings`); both [] without one."""
     return {"file": str(path), "line": calibration_line(path, calib), "origin": fit_origin_lines(calib, cluster),
             "replaced": replaced_lines(calib, cluster) if cluster is not None else [],
             "replaced_links": replaced_fields(calib, cluster) if cluster is not None else [],
@@ -289,76 +133,6 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
                              "source": c.source, "gpu": c.gpu} for name, c in calib.items()},
             "warnings": gpu_warnings(path, calib, cluster) + nic_rate_warnings(path, calib, cluster)
             if cluster is not None else []}
-
-
-def nic_rate_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
-    """One line when ``calib``'s ``nic`` bandwidth (per NIC) is above the line rate of ``cluster``'s
-    NICs before the calibration (``[cluster] nic``'s rate where the config sets one,
-    :func:`~meshplan.config_tables.nic_override_gbit`, else its catalog node's; none for another node:
-    newcomer trial 54 #5, a 41.38 GB/s fit on NICs typed as 50 Gb/s passed unwarned): a NIC carries at
-    most its line rate, so the fit holds several NICs' traffic (a file of ``meshplan calibrate --link
-    nic`` from before it split a multi-GPU node's busbw over its NICs) or the config's rate is not the
-    NICs'; else one when a point of its logged curves is, per NIC (:func:`_curve_over`); and one when
-    its curve's run had k > 1 ranks per node, split over k NICs (or the ``nics_per_node`` it gives),
-    but the cluster's node has another number of NICs."""
-    c = calib.get("nic")
-    curve = c.fitted_curve() if c is not None else None
-    ranks = curve.ranks // curve.nodes if curve is not None else 1
-    per = c.split_nics(curve) if c is not None else 1
-    how = (f"one per rank of its {per}-GPU-per-node run" if per == ranks
-           else f"nics_per_node, of its {ranks}-GPU-per-node run")
-    split = [f"--calibration {path}: nic was split over {per} NICs per node ({how}), but {cluster.node.name} has "
-             f"{len(cluster.node.nics)}: its per-NIC figure is not this node's"
-             ] if ranks > 1 and per != len(cluster.node.nics) else []
-    known = catalog.entry("node", cluster.node.name).get("nics", []) if cluster.node.name in catalog.names("node") else []
-    config = nic_override_gbit(cluster.node.source)  # the config's line rate, which --calibration replaced
-    config = None if known and config == max(n["rate_gbit_per_s"] for n in known) else config
-    if c is None or c.backend == "gloo" or not (known or config):
-        return split
-    line = config if config is not None else max(n["rate_gbit_per_s"] for n in known)
-    whose = (f"{cluster.node.name}'s NICs as the config's [cluster] nic sets them"
-             + (f" (catalog {max(n['rate_gbit_per_s'] for n in known):g} Gb/s)" if known else "")
-             if config is not None else f"{cluster.node.name}'s NICs")
-    fix = ("check [cluster] nic's rate_gbit_per_s, in gigabits per second (400 Gb/s = 50 GB/s)" if config is not None else
-           "calibrate the run again with its '#  Rank' lines (meshplan calibrate splits a node's busbw over its "
-           "ranks' NICs)")
-    or_rate = ", or that rate is not the NICs'" if config is not None else ""
-    if c.bandwidth_gb_per_s * 8 > line:
-        return split + [f"--calibration {path}: nic {c.bandwidth_gb_per_s:.4g} GB/s per NIC is "
-                        f"{c.bandwidth_gb_per_s * 8 / line:.1f}x the {line:g} Gb/s line rate of {whose}: it holds "
-                        f"several NICs' traffic{or_rate}; {fix}"]
-    over = _curve_over(c, line / 8)
-    return split + ([f"--calibration {path}: nic {over}, above the {line:g} Gb/s line rate of {whose}, which a NIC "
-                     "cannot pass, though the fit is not: the curve came from the log's busbw column; check that log's "
-                     "rows (nccl-tests' busbw = size / time x factor) and calibrate it again, which refuses a row "
-                     f"that is not{'; ' + fix if config is not None else ''}"] if over else [])
-
-
-def _curve_over(c: CalibratedLink, line_gb_per_s: float) -> Optional[str]:
-    """The highest point of ``c``'s logged curves in busbw per NIC (x the host share over the NICs it
-    was split over, as :func:`logged_at` reads it) where it is above ``line_gb_per_s``, in words, with
-    how many points are; None where none is.
-
-    >>> from meshplan.comm.calibration import LoggedCurve
-    >>> run = LoggedCurve(op="all-reduce", ranks=16, nodes=2, sizes_bytes=[2**20, 2**32, 2**33],
-    ...                   busbw_gb_per_s=[411.84, 2697.68, 2679.52], source="s")
-    >>> _curve_over(CalibratedLink(latency_us=32, bandwidth_gb_per_s=42.43, op="all-reduce", ranks=16, source="s",
-    ...                            curve=[run]), 50.0)  # 2697.68 / 8 = 337.21
-    'all-reduce curve reaches 337.21 GB/s per NIC at 4.00 GiB (busbw 2697.68 over 8 NICs; 3 of its 3 points above the line)'
-    """
-    worst, count, total = None, 0, 0
-    for curve in c.curve:
-        nics, share = c.split_nics(curve), host_share(curve.op, curve.ranks, curve.ranks // curve.nodes)
-        for size, busbw in zip(curve.sizes_bytes, curve.busbw_gb_per_s):
-            total += 1
-            if busbw * share / nics > line_gb_per_s:
-                count += 1
-                worst = max(worst or (0.0, "", 0, 0.0, 0), (busbw * share / nics, curve.op, size, busbw, nics))
-    if worst is None:
-        return None
-    per, op, size, busbw, nics = worst
-    return (f"{op} curve reaches {per:.2f} GB/s per NIC at {human_bytes(size)} (busbw {busbw:.2f} over {nics} NICs; "
-            f"{count} of its {total} points above the line)")
 
 
 def uncalibrated_note(cluster: ClusterSpec) -> Optional[str]:

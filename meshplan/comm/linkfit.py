@@ -36,7 +36,7 @@ class LinkFit:
     residuals are relative to the measured times; ``clamped``: alpha came out negative and
     was fixed at 0; ``backend``: "gloo" for a measurement of gloo (calibrates a gloo cluster only);
     ``gpu``: the GPU model the ranks ran on as nccl-tests names it (``NVIDIA H100 80GB HBM3``,
-    :func:`meshplan.comm.nccl_tests.gpus_of`), None when the output does not say."""
+    :func:`meshplan.comm.nccl_tests_run.gpus_of`), None when the output does not say."""
 
     link: str
     op: str

@@ -32,7 +32,7 @@ class ImportOptions:
     """What a foreign file may not say. ``cluster``: a catalog node (``dgx-h100``), or a
     resolved cluster the catalog does not hold (a ``[cluster]`` written inline), which the
     reader takes whole, ``nodes`` and ``gpu`` then unused: no command-line option gives one,
-    an export's round trip does (:func:`meshplan.interop.foreign.reimport_options`);
+    an export's round trip does (:func:`meshplan.interop.export.reimport_options`);
     ``nodes``: how many; ``gpu``: optional catalog GPU replacing the node's; ``model``: a
     catalog model name or a Hugging Face ``config.json`` path (overrides the file's model);
     ``seq_len``: tokens per sequence (DeepSpeed configs do not hold it; for the others it

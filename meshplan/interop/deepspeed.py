@@ -39,30 +39,19 @@ ZeRO++ hpZ are read by :mod:`meshplan.interop.deepspeed_zero`, ZeRO-Offload by
 --to deepspeed``) is :mod:`meshplan.interop.deepspeed_write`, and what it carries of the user's
 own file :mod:`meshplan.interop.deepspeed_carry`.
 
-A key that is not one of DeepSpeed's own (:data:`DEEPSPEED_KEYS`) and is a near miss of one
-the reader reads (``zero_optimisation``, ``zero_optimizaton_x``, ``bf_16``, ``fp16x``;
-:func:`~meshplan.interop.common.loose_near_miss`) is an error naming the likely key. Inside the
-tables DeepSpeed validates with pydantic models that forbid extra keys (:data:`FORBIDS_EXTRA`:
-``zero_optimization``, ``bf16``/``bfloat16``, ``fp16``), a key that is a near miss of any field
-of DeepSpeed's (``overlap_com``, ``contiguous_gradient``, ``reduce_bucket_sise``) is an error
-too, naming the field (newcomer trial 23 #2: DeepSpeed refuses it, meshplan listed it as unused).
-Any other key, DeepSpeed's or not, is listed as unused.
+A misspelt DeepSpeed key or field (a near miss of one the reader reads, or of a field of the
+tables DeepSpeed validates strictly) is an error naming it: :mod:`meshplan.interop.deepspeed_keys`,
+which also holds the keys read at every stage (:data:`~meshplan.interop.deepspeed_keys.USED`); any
+other key, DeepSpeed's or not, is listed as unused. The batch rule and its ``fix:``:
+:mod:`meshplan.interop.deepspeed_batch`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from meshplan.errors import ConfigError
-from meshplan.interop.common import (
-    Imported,
-    ImportOptions,
-    cluster_table,
-    flatten,
-    loose_near_miss,
-    misspelt,
-    model_option,
-)
+from meshplan.interop.common import Imported, ImportOptions, cluster_table, flatten, model_option
 from meshplan.interop.deepspeed_auto import (
     CHECKPOINTING,
     fill_batch,
@@ -74,6 +63,8 @@ from meshplan.interop.deepspeed_auto import (
     model_code,
     runs_hf_trainer,
 )
+from meshplan.interop.deepspeed_batch import batch
+from meshplan.interop.deepspeed_keys import USED, misspelt_field, misspelt_key
 from meshplan.interop.deepspeed_offload import offload_training, refuse_offload
 from meshplan.interop.deepspeed_zero import (
     ZERO3_USED,
@@ -90,165 +81,13 @@ from meshplan.interop.deepspeed_zero import (
 )
 from meshplan.spec.mesh_words import data_axis
 
+
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
+
+
 #: What a DeepSpeed config (this reader and writer) expresses: one home for ``export --help``, its refusal
 #: and ``search``'s rows refused (DeepSpeed's own TP/PP/Ulysses/MoE groups are not read or written).
 DS_SCOPE = "ZeRO over one data axis, without TP/PP/CP/EP or HSDP"
-USED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-        "zero_optimization.stage", "bf16.enabled", "bfloat16.enabled", "fp16.enabled", "gradient_clipping"}
-#: Every key meshplan reads at some ZeRO stage (for the words of :func:`misspelt_field`).
-READS = frozenset(USED) | ZERO12_USED | ZERO3_USED
-#: DeepSpeed's own keys (deepspeedai/DeepSpeed at edaa722): the top-level ones its
-#: ``DeepSpeedConfig._initialize_params`` reads (runtime/config.py with the names of
-#: runtime/constants.py, the monitor, comm, profiling, autotuning, elasticity, nebula, datastates,
-#: compression, data-pipeline, tensor-parallel and pipeline configs), and within the tables
-#: meshplan reads, every field and alias of ``DeepSpeedZeroConfig`` (zero/config.py) and of
-#: ``DeepSpeedFP16Config`` / ``DeepSpeedBF16Config`` (precision_config.py). Never a misspelling:
-#: listed as unused when meshplan does not read them.
-DEEPSPEED_KEYS = frozenset(
-    "train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps managed_gradient_accumulation "
-    "steps_per_print dump_state wall_clock_breakdown memory_breakdown optimizer scheduler "
-    "zero_allow_untested_optimizer zero_force_ds_cpu_optimizer sparse_gradients bf16 bfloat16 fp16 amp "
-    "torch_autocast communication_data_type seq_parallel_communication_data_type prescale_gradients "
-    "gradient_predivide_factor gradient_allreduce_op disable_allgather gradient_clipping graph_harvesting eigenvalue "
-    "progressive_layer_drop checkpoint data_types dataloader_drop_last use_data_before_expert_parallelism log_level "
-    "sparse_attention vocabulary_size elasticity zero_optimization activation_checkpointing flops_profiler "
-    "autotuning nebula datastates_ckpt comms_logger aio compression_training data_efficiency curriculum_learning "
-    "tensorboard wandb csv_monitor comet timers hybrid_engine quantize_training weight_quantization compile "
-    "tensor_parallel expert_parallel pipeline".split()) | {f"zero_optimization.{k}" for k in (
-        "stage contiguous_gradients reduce_scatter reduce_bucket_size use_multi_rank_bucket_allreduce "
-        "allgather_partitions allgather_bucket_size overlap_comm load_from_fp32_weights elastic_checkpoint "
-        "offload_param offload_optimizer zenflow sub_group_size cpu_offload_param cpu_offload_use_pin_memory "
-        "cpu_offload prefetch_bucket_size stage3_prefetch_bucket_size param_persistence_threshold "
-        "stage3_param_persistence_threshold model_persistence_threshold stage3_model_persistence_threshold "
-        "max_live_parameters stage3_max_live_parameters max_reuse_distance stage3_max_reuse_distance "
-        "gather_16bit_weights_on_model_save stage3_gather_16bit_weights_on_model_save module_granularity_threshold "
-        "stage3_module_granularity_threshold use_all_reduce_for_fetch_params stage3_use_all_reduce_for_fetch_params "
-        "allgather_sequential stage3_allgather_sequential stage3_gather_fp16_weights_on_model_save "
-        "ignore_unused_parameters legacy_stage1 round_robin_gradients zero_hpz_partition_size zero_quantized_weights "
-        "zero_quantized_nontrainable_weights zero_quantized_gradients zeropp_loco_param mics_shard_size "
-        "mics_hierarchical_params_gather memory_efficient_linear pipeline_loading_checkpoint override_module_apply "
-        "log_trace_cache_warnings enable_sanity_checks save_muon_momentum_buffer_in_memory leaf_module").split()} | {
-    f"fp16.{k}" for k in ("enabled auto_cast loss_scale initial_scale_power loss_scale_window hysteresis "
-                          "consecutive_hysteresis min_loss_scale fp16_master_weights_and_grads").split()} | {
-    f"{t}.{k}" for t in ("bf16", "bfloat16") for k in ("enabled immediate_grad_update check_grad_overflow "
-                                                      "bf16_master_weights_and_grads bf16_optimizer_states").split()}
-
-
-#: The tables DeepSpeed parses with a ``DeepSpeedConfigModel`` (deepspeedai/DeepSpeed at edaa722,
-#: runtime/config_utils.py: pydantic ``model_config = ConfigDict(..., extra="forbid")``), so that a key
-#: not among the model's fields (:data:`DEEPSPEED_KEYS`) fails DeepSpeed's start-up, by the model's
-#: name: ``DeepSpeedZeroConfig`` (runtime/zero/config.py), ``DeepSpeedBF16Config`` and
-#: ``DeepSpeedFP16Config`` (runtime/precision_config.py). ``optimizer`` (a plain dict, its params
-#: passed to the optimizer) and ``activation_checkpointing`` (a ``DeepSpeedConfigObject`` reading
-#: the keys it knows) take any key, so their keys are never checked here.
-FORBIDS_EXTRA = {"zero_optimization": "DeepSpeedZeroConfig", "bf16": "DeepSpeedBF16Config",
-                 "bfloat16": "DeepSpeedBF16Config", "fp16": "DeepSpeedFP16Config"}
-
-
-def misspelt_field(d: dict) -> Optional[ConfigError]:
-    """The error for the first key of a :data:`FORBIDS_EXTRA` table of ``d`` that is not a field
-    of DeepSpeed's model and is a near miss of one (:func:`~meshplan.interop.common.loose_near_miss`);
-    None when there is none (a key far from every field stays in the unused list).
-
-    >>> misspelt_field({"zero_optimization": {"stage": 2, "overlap_com": True}}).message
-    "not a field of DeepSpeed's DeepSpeedZeroConfig, which refuses other keys; did you mean zero_optimization.overlap_comm? (a DeepSpeed key meshplan reads)"
-    >>> misspelt_field({"zero_optimization": {"reduce_bucket_size": 5e8, "my_note": 1}, "fp16": {"enabled": False}}) is None
-    True
-    """
-    for table, model in FORBIDS_EXTRA.items():
-        sub = d.get(table)
-        for key in sub if isinstance(sub, dict) else ():
-            if f"{table}.{key}" in DEEPSPEED_KEYS:
-                continue
-            hit = _field_hit(table, key)
-            if hit is not None:
-                reads = "meshplan reads" if f"{table}.{hit}" in READS else "meshplan does not use"
-                return ConfigError(f"{table}.{key}", f"not a field of DeepSpeed's {model}, which refuses other keys; "
-                                   f"did you mean {table}.{hit}? (a DeepSpeed key {reads})")
-    return None
-
-
-def _field_hit(table: str, key: str) -> Optional[str]:
-    """The field of DeepSpeed's model for ``table`` (:data:`FORBIDS_EXTRA`) closest to ``key``
-    (:func:`~meshplan.interop.common.loose_near_miss`), None when none is near."""
-    return loose_near_miss(key, [k.split(".", 1)[1] for k in DEEPSPEED_KEYS if k.startswith(f"{table}.")])
-
-
-def misspelt_key(d: dict) -> Optional[ConfigError]:
-    """The error for the first key of ``d`` that is a near miss of a key meshplan reads at every
-    stage (:data:`USED`), naming the closest DeepSpeed field of its table where that is closer
-    than the read key (newcomer trial nc52: ``zero_optimization.stage3_max_live_paramaters`` is
-    one edit from ``stage3_max_live_parameters`` and was told "did you mean
-    zero_optimization.stage?", which only begins it: :func:`misspelt_field`'s error then).
-
-    >>> misspelt_key({"zero_optimization": {"stage": 3, "stage3_max_live_paramaters": 1e9}}).message[-91:]
-    'did you mean zero_optimization.stage3_max_live_parameters? (a DeepSpeed key meshplan reads)'
-    >>> misspelt_key({"zero_optimization": {"stage_3": 3}}).message
-    'not a DeepSpeed key; did you mean zero_optimization.stage? (meshplan reads that one: misspelt, the setting would stay at its default)'
-    """
-    typo = misspelt(flatten(d), USED, DEEPSPEED_KEYS, loose_near_miss)
-    if typo is None:
-        return None
-    table, _, key = typo[0].rpartition(".")
-    if table in FORBIDS_EXTRA and _field_hit(table, key) not in (None, typo[1].rpartition(".")[2]):
-        return misspelt_field({table: {key: None}})
-    return ConfigError(typo[0], f"not a DeepSpeed key; did you mean {typo[1]}? (meshplan reads that one: "
-                       "misspelt, the setting would stay at its default)")
-
-
-def _given(d: dict, key: str) -> Optional[int]:
-    v = d.get(key)
-    if v is None or v == "auto":
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(key, f"must be a whole number >= 1 or \"auto\"; got {v!r}")
-    return v
-
-
-def batch(d: dict, dp: int) -> tuple[int, int]:
-    """(global batch, micro-batch) by DeepSpeed's rule (module docstring).
-
-    >>> batch({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 8)
-    (64, 4)
-    >>> batch({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 8)
-    (64, 2)
-    """
-    g, m, a = (_given(d, k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                      "gradient_accumulation_steps"))
-    if g is None and m is None:
-        raise ConfigError("train_batch_size", "give train_batch_size or train_micro_batch_size_per_gpu")
-    if g is None and m is not None:
-        return m * (a or 1) * dp, m
-    if g is None:  # unreachable: one of the two is given
-        raise ConfigError("train_batch_size", "give train_batch_size or train_micro_batch_size_per_gpu")
-    if m is None:
-        per = g // ((a or 1) * dp)
-        if per * (a or 1) * dp != g:
-            unit = (a or 1) * dp
-            raise ConfigError("train_batch_size", f"{g} is not gradient_accumulation_steps {a or 1} x dp {dp} x a "
-                              f"whole micro-batch; fix: train_batch_size = {max(1, round(g / unit)) * unit} (a "
-                              f"multiple of {a or 1} x dp {dp} = {unit})")
-        return g, per
-    if a is not None and g != m * a * dp:
-        raise ConfigError("train_batch_size", f"{g} != train_micro_batch_size_per_gpu {m} x "
-                          f"gradient_accumulation_steps {a} x dp {dp} = {m * a * dp}; {_batch_fix(g, m, a, dp)}")
-    return g, m
-
-
-def _batch_fix(g: int, m: int, a: int, dp: int) -> str:
-    """The ``fix:`` of a DeepSpeed batch whose three values disagree (DeepSpeed asserts
-    ``train_batch_size == micro x accumulation x world``, runtime/config.py
-    ``_batch_assertion``): set train_batch_size to the product, or the accumulation steps that
-    give ``g`` where they are whole, or leave train_batch_size out (DeepSpeed derives it).
-
-    >>> _batch_fix(1000, 1, 16, 64), _batch_fix(2048, 2, 4, 128)
-    ('fix: train_batch_size = 1024 (1 x 16 x dp 64), or leave it out and DeepSpeed derives it', 'fix: train_batch_size = 1024 (2 x 4 x dp 128), or gradient_accumulation_steps = 8 (2048 / (2 x dp 128))')
-    """
-    steps = g // (m * dp) if g % (m * dp) == 0 and g >= m * dp else None
-    other = (f"gradient_accumulation_steps = {steps} ({g} / ({m} x dp {dp}))" if steps
-             else "leave it out and DeepSpeed derives it")
-    return f"fix: train_batch_size = {m * a * dp} ({m} x {a} x dp {dp}), or {other}"
 
 
 def read(d: dict, opts: ImportOptions) -> Imported:
@@ -433,4 +272,3 @@ def _clip(d: dict, notes: list[str]) -> dict:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
         raise ConfigError("gradient_clipping", f"must be a number >= 0 (0: no clipping) or \"auto\"; got {v!r}")
     return {"grad_clip": True, "grad_clip_norm": float(v)} if v > 0 else {"grad_clip": False}
-

@@ -8,8 +8,8 @@ torchtitan's and Megatron-LM's exports carry their files' other settings
 from __future__ import annotations
 
 from meshplan.interop.common import flatten, merge_tables, strip_keys
-from meshplan.interop.deepspeed import CHECKPOINTING, DEEPSPEED_KEYS, USED
-from meshplan.interop.deepspeed_auto import runs_hf_trainer
+from meshplan.interop.deepspeed_auto import CHECKPOINTING, runs_hf_trainer
+from meshplan.interop.deepspeed_keys import DEEPSPEED_KEYS, USED
 from meshplan.interop.deepspeed_zero import ZERO3_USED, ZERO12_USED
 
 

@@ -92,11 +92,11 @@ from meshplan.limits import BOUNDS
 from meshplan.spec.deepspeed_memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, DEEPSPEED_SUB_GROUP_ELEMENTS
 from meshplan.spec.training_fields import deepspeed_grad_dtype
 
-#: The keys ZeRO stages 1 and 2 read besides :data:`meshplan.interop.deepspeed.USED` (module docstring).
+#: The keys ZeRO stages 1 and 2 read besides :data:`meshplan.interop.deepspeed_keys.USED` (module docstring).
 ZERO12_USED = OFFLOAD_USED | frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",
                          "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type",
                          "zero_optimization.contiguous_gradients"})
-#: The keys ZeRO stage 3 reads besides :data:`meshplan.interop.deepspeed.USED` (module docstring).
+#: The keys ZeRO stage 3 reads besides :data:`meshplan.interop.deepspeed_keys.USED` (module docstring).
 ZERO3_USED = OFFLOAD_USED | frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
                         "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"}) | {
     f"zero_optimization.{k}" for k in ("stage3_prefetch_bucket_size", "prefetch_bucket_size",

@@ -2,7 +2,7 @@
 (newcomer trial 49: ``launch job.toml -- python pretrain_gpt.py`` wrote a torchrun line without the
 plan's flags, so the run would start with Megatron-LM's defaults, tp 1 and pp 1).
 
-They are what ``export --to megatron`` writes for the plan (:func:`meshplan.interop.foreign.export`):
+They are what ``export --to megatron`` writes for the plan (:func:`meshplan.interop.export.export`):
 the plan's flags, and the flags of its ``[source]`` launch script meshplan does not plan (``--lr``,
 ``--data-path``, ...) carried unchanged, without the export's ``#`` header. argparse keeps the last
 of a repeated option, so the plan's flags, after the program's own, are the ones Megatron-LM runs
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.foreign import export
+from meshplan.interop.export import export
 from meshplan.interop.megatron import USED
 from meshplan.interop.megatron_deepspeed import deepspeed_flags
 from meshplan.interop.megatron_carry import ALIASES, KEPT_UNLESS_WRITTEN, planned_off

@@ -21,7 +21,10 @@ of them (``--lr-decay-stlye``; :mod:`~meshplan.interop.megatron_known`) is an er
 likely flag, as Megatron-LM's own parser (``allow_abbrev=False``) refuses it; other flags are
 listed, those Megatron-LM does not have in a note of their own.
 
-This module reads; the flags one at a time are in :mod:`~meshplan.interop.megatron_flags`, the
+This module reads; the ``[training]``, ``[memory]`` and ``[reliability]`` keys of the runtime's,
+Megatron-DeepSpeed's and the precision flags are gathered in :mod:`~meshplan.interop.megatron_tables`,
+the cluster's node count, NVLS and GPU in :mod:`~meshplan.interop.megatron_cluster`; the flags one
+at a time are in :mod:`~meshplan.interop.megatron_flags`, the
 pipeline split both ways in :mod:`~meshplan.interop.megatron_pipeline`, the model flags both
 ways in :mod:`~meshplan.interop.megatron_model`, and the writer (``export --to megatron``) in
 :mod:`~meshplan.interop.megatron_write`, whose names are importable from here too.
@@ -137,16 +140,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from meshplan import catalog
-from meshplan.errors import ConfigError, printable
+from meshplan.errors import ConfigError
 from meshplan.interop import megatron_flags as flags
+from meshplan.interop.megatron_cluster import fabric_nvls, gpu_name, launcher_nnodes, with_nvls
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
-from meshplan.interop.megatron_attention import FLAG as ATTENTION, MDS_FLASH, read_attention
-from meshplan.interop.megatron_ckpt import async_save, ckpt_format
-from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, bf16_optimizer_keys, deepspeed_engine, \
-    ds_config, ds_path, ds_tables, pipe_layer_split
+from meshplan.interop.megatron_attention import FLAG as ATTENTION, MDS_FLASH
+from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepspeed_engine, ds_path
 from meshplan.interop import megatron_deepspeed_args as mds
-from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
+from meshplan.interop.megatron_env import NVLS_ENV, import_note
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_mesh import degrees, mesh_table
 from meshplan.interop import megatron_precision as precision
@@ -154,14 +155,17 @@ from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers,
                                      seq_len_of)
 from meshplan.interop.launch import parse_launch
-from meshplan.interop.shell_words import default_of
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num, unstated
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_recompute import recompute as read_recompute
+from meshplan.interop.megatron_tables import (deepspeed_training, ds_config_keys, memory_keys, reliability_keys,
+                                              runtime_training)
 from meshplan.interop.megatron_write import exported_model, write, write_notes
 
-#: What the modules split by concern export under this one (tests and :mod:`~meshplan.interop.foreign`).
+#: What the modules split by concern export under this one (tests, :mod:`~meshplan.interop.foreign`, :mod:`~meshplan.interop.export` and
+#: :mod:`~meshplan.interop.export_formats`).
 __all__ = ["PARALLEL", "USED", "accounted_split", "exported_model", "parse_args", "read", "unstated", "write", "write_notes"]
+
 
 #: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
 SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
@@ -174,6 +178,8 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
             "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS, *precision.SWITCHES,
             *mds.SWITCHES, *MDS_FLASH}
+
+
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -188,6 +194,8 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     flags.NO_MASK, "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
     "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS, *precision.FLAGS, *mds.FLAGS, *MDS_FLASH}
+
+
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels", "--save"}
@@ -218,8 +226,8 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     before = len(notes)
     model = model_table(mds.lm_model_args(args, notes) if dialect else args, opts, notes)
     notes[before:] = [mds.respelt(n) for n in notes[before:]] if dialect else notes[before:]
-    cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
-    cluster = _with_nvls(cluster, exported, notes)
+    cluster, world = cluster_table(opts, "Megatron-LM", launcher_nnodes(launcher | args, opts, notes))
+    cluster = with_nvls(cluster, exported, notes)
     deg, dp = degrees(args, model, world, int(cluster["nodes"]))
     layers = model_layers(model)
     deepspeed = deepspeed_engine(args, deg["pp"], notes, base)  # Megatron-DeepSpeed's --deepspeed --zero-stage N
@@ -231,7 +239,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                      "--seq-length", "the arguments", notes)
     dtype, fp8 = _dtype(args)
     flags.check_positions(model, seq, "--seq-len" if opts.seq_len else "--seq-length", notes)
-    ds_keys = _ds_keys(ds_file, str(deepspeed.get("sharding")), dtype, micro if "--micro-batch-size" in args else None,
+    ds_keys = ds_config_keys(ds_file, str(deepspeed.get("sharding")), dtype, micro if "--micro-batch-size" in args else None,
                        notes)
     micro = ds_keys[2] or micro
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
@@ -243,16 +251,16 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128),
                 **flags.grad_clip(args)}
     if deepspeed:
-        training, mesh = _deepspeed_keys(args, training, mesh, deepspeed, ds_keys[0], deg["pp"], layers, notes)
-    training = _runtime_training(args, training, mesh, bool(deepspeed), deg, model_is_moe(model), sharding, dtype, notes)
+        training, mesh = deepspeed_training(args, training, mesh, deepspeed, ds_keys[0], deg["pp"], layers, notes)
+    training = runtime_training(args, training, mesh, bool(deepspeed), deg, model_is_moe(model), sharding, dtype, notes)
     fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
         args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
-    notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))
+    notes += import_note(exported, gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))
     unused = _unused(args, exported, cluster, ds_file)
-    memory = _memory_table(args, training, ds_keys[1], exported, notes)
+    memory = memory_keys(args, training, ds_keys[1], exported, notes)
     tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
     tables |= {"memory": memory} if memory else {}
-    tables |= _reliability(args, notes)
+    tables |= reliability_keys(args, notes)
     return Imported("megatron", tables, unused, tuple(notes))
 
 
@@ -284,144 +292,11 @@ def _dtype(args: dict) -> tuple[str, bool]:
     return ("fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"), fp8
 
 
-def _deepspeed_keys(args: dict, training: dict, mesh: dict, deepspeed: dict, ds_training: dict, pp: int,
-                    layers: int, notes: list[str]) -> tuple[dict, dict]:
-    """(``training``, ``mesh``) under Megatron-DeepSpeed: its engine's keys and its ds config's
-    (the engine reduces in the config's ``communication_data_type``: unset, the model's dtype, so
-    no ``grad_reduce_dtype``; ``--zero-stage 0`` with ``--bf16``: its BF16_Optimizer) and its
-    pipeline partition (:mod:`~meshplan.interop.megatron_deepspeed`)."""
-    training = {k: v for k, v in training.items() if k != "grad_reduce_dtype"} | deepspeed | ds_training
-    training = bf16_optimizer_keys(training, notes)  # --zero-stage 0 with --bf16: BF16_Optimizer
-    return training, mesh | pipe_layer_split(args, deepspeed, pp, layers, mesh, notes)  # DeepSpeed's partition
-
-
-def _runtime_training(args: dict, training: dict, mesh: dict, deepspeed: bool, deg: dict[str, int], moe: bool,
-                      sharding: Any, dtype: str, notes: list[str]) -> dict:
-    """``training`` with what the runtime's flags set: MoE routing, the collectives' types,
-    checkpoint notes, gradient-accumulation fusion, the overlap flags, Megatron FSDP's, the p2p
-    overlap (interleaved 1F1B), the runtime's (``deepspeed``: under Megatron-DeepSpeed's engine),
-    attention and precision (:mod:`~meshplan.interop.megatron_flags`,
-    :mod:`~meshplan.interop.megatron_attention`, :func:`_precision`)."""
-    if moe:
-        training |= flags.routing(args, notes)
-    training |= flags.comm_types(args, deg, moe, notes)
-    ckpt_format(args, notes)
-    async_save(args, notes)
-    flags.accumulation_fusion(args, notes)
-    training |= flags.overlap_flags(args, str(training["sharding"]))
-    training |= flags.megatron_fsdp(args, sharding)
-    training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
-    training |= flags.runtime(args, deepspeed)
-    training |= read_attention(args, dtype != "fp32", notes, deepspeed)
-    return _precision(args, training, dtype, notes, deepspeed)
-
-
 def _unused(args: dict, exported: dict[str, str], cluster: dict, ds_file: Optional[Path]) -> tuple[str, ...]:
     """The flags meshplan does not read and the exported variables it does not honour (Megatron
     FSDP's; NVLS where the fabric has it or a resolved cluster says; the caching allocator's
     configuration where it is read), for the import's "does not use" line."""
     used = USED | ({"--deepspeed_config", "--deepspeed-config"} if ds_file is not None else set())
-    honoured = (flags.FSDP_ENV,) + ((NVLS_ENV,) if cluster.get("fabric") or not _nvls(cluster) else ()) \
+    honoured = (flags.FSDP_ENV,) + ((NVLS_ENV,) if cluster.get("fabric") or not fabric_nvls(cluster) else ()) \
         + ((precision.ALLOC_ENV,) if precision.alloc_conf(exported) else ())
     return tuple(k for k in args if k not in used) + tuple(f"export {k}" for k in exported if k not in honoured)
-
-
-def _memory_table(args: dict, training: dict, ds_memory: dict, exported: dict[str, str], notes: list[str]) -> dict:
-    """The ``[memory]`` keys the arguments set: dropout, the DDP bucket size
-    (:func:`~meshplan.interop.megatron_flags.bucket`), a ds config's, the caching allocator's
-    configuration, and ``fused_glu`` false under ``--no-bias-swiglu-fusion`` with ``--swiglu``
-    (unset: fused, Megatron-LM's default, ``MemoryOptions.fused_glu``)."""
-    memory: dict[str, Any] = {"dropout": True} if flags.dropout(args, notes) else {}
-    memory |= flags.bucket(args, training, notes) | ds_memory | precision.alloc_conf(exported)
-    if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
-        memory["fused_glu"] = False  # unset: fused, Megatron-LM's default (MemoryOptions.fused_glu)
-    return memory
-
-
-def _reliability(args: dict, notes: list[str]) -> dict:
-    """``{"reliability": {"checkpoint_interval_steps": N}}`` from ``--save-interval N`` (only
-    ``reliability`` uses it: another value is a note, not an error); {} without it."""
-    save = str(args.get("--save-interval", ""))
-    if save.isdigit() and int(save) > 0:  # only `reliability` uses it: another value is a note, not an error
-        return {"reliability": {"checkpoint_interval_steps": int(save)}}
-    if save:
-        notes.append(f"--save-interval {printable(save)[:40]!r} is not a whole number >= 1 (a shell variable?): the "
-                     f"job's checkpoint interval is not set beside the optimal one")
-    return {}
-
-
-def _precision(args: dict, training: dict, dtype: str, notes: list[str], deepspeed: bool) -> dict:
-    """``training`` with the precision-aware optimizer's dtypes and ``--transformer-impl local``
-    (:mod:`~meshplan.interop.megatron_precision`; not under DeepSpeed's engine, whose config
-    says its dtypes), and the note on the flags that change memory or communication unplanned."""
-    if not deepspeed:
-        training = training | precision.precision_keys(args, dtype, notes) | precision.fp8_param_gather_keys(args, notes)
-    training = {k: v for k, v in (training | precision.local_keys(args, notes)).items() if v is not None}
-    notes += precision.not_modelled_note(args)
-    return training
-
-
-def _ds_keys(path: Optional[Path], sharding: str, dtype: str, micro: Optional[int],
-             notes: list[str]) -> tuple[dict, dict, Optional[int]]:
-    """What a Megatron-DeepSpeed script's ds config at ``path`` sets
-    (:func:`~meshplan.interop.megatron_deepspeed.ds_tables`); nothing where it did not resolve. A
-    micro-batch from the JSON alone gets a note: Megatron-DeepSpeed asserts ``--micro-batch-size``
-    is given (``megatron/arguments.py:164`` at f4157be), its data loader's size."""
-    if path is None:
-        return {}, {}, None
-    stage = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}[sharding]
-    out = ds_tables(ds_config(path, stage), stage, dtype, micro)
-    if micro is None and out[2] is not None:
-        notes.append(f"micro-batch {out[2]} from {path.name}'s train_micro_batch_size_per_gpu: give the script "
-                     f"--micro-batch-size {out[2]} too (Megatron-DeepSpeed asserts it is given; its data loader "
-                     f"reads it)")
-    return out
-
-
-def _nvls(cluster: dict) -> bool:
-    """Whether the NVLink fabric of a [cluster] table reduces in the switch (NVLS)."""
-    if "node" in cluster:
-        return bool(cluster["node"]["fabric"].get("nvls"))
-    return bool(catalog.node(str(cluster["system"])).fabric.nvls)
-
-
-def _with_nvls(cluster: dict, exported: dict[str, str], notes: list[str]) -> dict:
-    """``cluster`` without NVLS where the script exports ``NCCL_NVLS_ENABLE=0``
-    (:func:`~meshplan.interop.megatron_env.nvls_off`): a resolved cluster's fabric changed in place
-    of the ``fabric`` keys beside a catalog ``system``."""
-    off = nvls_off(exported, _nvls(cluster), notes)
-    if not off or "node" not in cluster:
-        return cluster | off
-    node = cluster["node"] | {"fabric": cluster["node"]["fabric"] | off["fabric"]}
-    return cluster | {"node": node}
-
-
-def _gpu_name(cluster: dict) -> str:
-    """The catalog name of the GPU of a [cluster] table (:func:`~meshplan.interop.common.cluster_table`):
-    its ``gpu`` (a name, or a resolved cluster's GPU fields), else its catalog node's."""
-    gpu = cluster.get("gpu")
-    if isinstance(gpu, dict):
-        return str(gpu.get("name", ""))
-    return str(gpu) if gpu else str(catalog.entry("node", cluster["system"])["gpu"])
-
-
-def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
-    """torchrun's ``--nnodes`` of a launch script (None when absent or ``--nodes`` is
-    given: then a note when they differ); ``${VAR:-N}`` (or ``${VAR-N}``) is read as ``N``, what
-    bash gives where ``VAR`` is unset (Bash Reference Manual 3.5.3; a note says so: newcomer trial 49,
-    ``--nnodes ${SLURM_NNODES:-128}``); an elastic range or another unresolved variable asks for
-    ``--nodes``."""
-    v = args.get("--nnodes")
-    if v is None:
-        return None
-    word, v = str(v), default_of(str(v))
-    if opts.nodes is not None:
-        if v != str(opts.nodes):
-            notes.append(f"--nodes {opts.nodes} used; the launch script's --nnodes {word} is not")
-        return None
-    if not (v.isascii() and v.isdigit() and len(v) <= 9) or int(v) < 1:
-        raise ConfigError("--nodes", f"the launch script's --nnodes is {word!r}, not a node count; give --nodes N")
-    if v != word:
-        notes.append(f"the launch script's --nnodes {word} read as its default, {v} nodes (bash's value where the "
-                     f"variable is unset); give --nodes N to plan another count")
-    return int(v)

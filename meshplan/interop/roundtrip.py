@@ -1,5 +1,5 @@
 """What an export gives back: the meshplan fields in which a config read back from its export
-(``meshplan export`` of :mod:`meshplan.interop.foreign`, then the target's reader) differs
+(``meshplan export`` of :mod:`meshplan.interop.export`, then the target's reader) differs
 from the config written, as ``table.key: A -> B`` lines (:func:`differences`). The model is
 compared by its resolved fields
 (:meth:`~meshplan.spec.model.ModelSpec.architecture`), the mesh by what a plan depends on
@@ -141,7 +141,7 @@ def mesh_key(cfg: Config) -> dict[str, Any]:
 #: A config's predicted step in seconds with its parts (seconds that add up to it, keyed as
 #: ``meshplan step`` prints them: ``compute``, ``bubble``, ``exposed fsdp``, ...:
 #: :meth:`meshplan.schedule.step_summary.StepTime.parts_s`), or None
-#: (:func:`meshplan.interop.foreign.export`'s ``step_of``).
+#: (:func:`meshplan.interop.export.export`'s ``step_of``).
 StepOf = Callable[[Config], "tuple[float, Mapping[str, float]] | None"]
 
 

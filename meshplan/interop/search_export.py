@@ -2,7 +2,7 @@
 Before the search, from the config alone, why a target refuses every row the search can
 rank (:func:`search_export_refusal`); after it, why it refuses row ``N``, naming the first
 row it takes and the formats that write row ``N`` (:func:`search_row_refusal`, on
-:func:`meshplan.interop.foreign.not_expressed`). ``--export 1b`` names row 1's mesh at another
+:func:`meshplan.interop.export.not_expressed`). ``--export 1b`` names row 1's mesh at another
 setting by its label (:func:`export_pick`; :func:`missing_variant`, :func:`search_variant_refusal`).
 """
 
@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import FORMATS
-from meshplan.interop.foreign import not_expressed
+from meshplan.interop.export import not_expressed
 from meshplan.interop.torchtitan_write import custom_flavor, model_flavor, no_flavor
 
 
@@ -22,7 +22,7 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     """Why export target ``to`` refuses every row ``meshplan search`` of ``cfg`` can rank, known
     from the config before the search runs (``search --export N --to T`` checks it first);
     None when some row may export (a row's own mesh and pipeline are checked after the search,
-    :func:`~meshplan.interop.foreign.export` with :func:`meshplan.plan_runtime.export_refusals`).
+    :func:`~meshplan.interop.export.export` with :func:`meshplan.plan_runtime.export_refusals`).
     torchtitan: a model without a torchtitan flavor (:func:`~meshplan.interop.torchtitan_write.model_flavor`) nor
     a llama3 flavor of its own (:func:`~meshplan.interop.torchtitan_write.custom_flavor`), or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
     DeepSpeed: ``[search]`` degrees that leave no mesh of one data axis (pp, tp, cp, ep 1), or

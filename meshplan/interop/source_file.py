@@ -4,7 +4,7 @@ of the TOML carries what an export of the foreign file carries (newcomer trial 1
 ``meshplan import auto job.sh -o job.toml`` writes ``[source] path = "job.sh"`` (relative to the
 TOML's folder) and ``format = "megatron"``. ``meshplan export job.toml --to megatron`` (and
 ``search --export``) then reads job.sh again, as it would read it given directly
-(:func:`meshplan.interop.foreign.user_source`): the flags meshplan does not plan (``--lr``,
+(:func:`meshplan.interop.export.user_source`): the flags meshplan does not plan (``--lr``,
 ``--train-iters``, ``--save`` ...) are carried unchanged, the header naming the file. Where the
 file is gone or no longer reads, the export says so in one line, with the fix (restore it, or
 export from the original file), instead of dropping its settings silently. The file is read as it
@@ -20,7 +20,8 @@ from pathlib import Path
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.fileread import note_input
-from meshplan.interop.foreign import UserFile, user_source
+from meshplan.interop.export import user_source
+from meshplan.interop.export_formats import UserFile
 from meshplan.interop.written_paths import written_path
 from meshplan.spec.hf import hf_source
 

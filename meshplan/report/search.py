@@ -32,7 +32,7 @@ from rich.table import Table
 from meshplan import __version__
 from meshplan.spec.accuracy import mfu_caveat
 from meshplan.interop.deepspeed import DS_SCOPE
-from meshplan.interop.foreign import not_expressed
+from meshplan.interop.export import not_expressed
 from meshplan.plan_runtime import export_refusals
 from meshplan.report.search_clear import clear_lines, clear_to_dict
 from meshplan.report.search_fix import infeasible_line, infeasible_verdict, rule_counts
@@ -329,7 +329,7 @@ def export_target(r: SearchResult) -> str | None:
 def export_lines(r: SearchResult) -> list[str]:
     """Under DeepSpeed or Megatron-LM (:func:`export_target`), what ``--export N --to T`` of
     each row shown does not write, as the export's header lists it
-    (:func:`meshplan.interop.foreign.not_expressed`: ``training.recompute``, which DeepSpeed's
+    (:func:`meshplan.interop.export.not_expressed`: ``training.recompute``, which DeepSpeed's
     JSON does not choose (:data:`_DROPPED`), ...), and the rows T refuses (:data:`_REFUSED`: DeepSpeed tp, pp, cp
     or ep > 1, hsdp; Megatron-LM hsdp, a V-shaped schedule); empty elsewhere or when every row
     exports whole."""

@@ -15,7 +15,8 @@ from meshplan.atomic_write import write_json_atomic, write_text_atomic
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.comm.calibration import calibration_toml, measured_over
 from meshplan.comm.linkfit import LinkFit, fit_alpha_beta
-from meshplan.comm.nccl_tests import BenchRow, float_str, gpus_of, parse_nccl_tests_text
+from meshplan.comm.nccl_tests import BenchRow, float_str, parse_nccl_tests_text
+from meshplan.comm.nccl_tests_run import gpus_of
 from meshplan.errors import ConfigError
 
 #: meshplan op -> nccl-tests program (the "Collective test starting" name).
