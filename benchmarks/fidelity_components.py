@@ -17,7 +17,8 @@ and ``bw`` are the transformer blocks only.
 D5 itemised (``--layer``): one 22B layer (tp 8, micro-batch 4, Korthikanti Table 4) kernel by kernel
 in each pass, each op's time and how it was obtained (shape and rate with its source points, or bytes
 and bandwidth), then the stage's tp collectives (size, seconds per call, algbw, the curve they were
-read from) and the layer's forward and backward with them, against the published times.
+read from), each pass's compute by group with the rest of its unit, the tp collectives' waits
+(:func:`layer_summary`), and the layer's forward and backward with them, against the published times.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/fidelity_components.py [--layer [RECOMPUTE [sp]]]
 """
@@ -69,14 +70,20 @@ def components(run: fidelity.Run) -> dict:
     return out
 
 
+def layer_plan(recompute: str = "none", sp: bool = False):
+    """The plan of a D5 experiment: the 22B config with ``recompute`` and sequence parallelism
+    ``sp`` (as :func:`fidelity.predict_layer` builds it)."""
+    cfg = load_config(fidelity.HERE / "megatron-22b_8xa100_tp8_sp-selective.toml")
+    return build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": recompute}),
+                              mesh=cfg.mesh.model_copy(update={"sequence_parallel": sp})))
+
+
 def layer_lines(recompute: str = "none", sp: bool = False) -> list[str]:
     """D5: one 22B layer's ops (``Cost.lines``: pass, block, name, us, TFLOP, how timed), its
-    stage's tp collectives (less get_batch's broadcasts, once per chunk: not the layer's) and the
-    layer's forward and backward with them (ms) beside Table 4."""
-    cfg = load_config(fidelity.HERE / "megatron-22b_8xa100_tp8_sp-selective.toml")
-    cfg = replace(cfg, training=cfg.training.model_copy(update={"recompute": recompute}),
-                  mesh=cfg.mesh.model_copy(update={"sequence_parallel": sp}))
-    plan = build_plan(cfg)
+    stage's tp collectives (less get_batch's broadcasts, once per chunk: not the layer's), each
+    pass by group (:func:`layer_summary`) and the layer's forward and backward with them (ms)
+    beside Table 4."""
+    plan = layer_plan(recompute, sp)
     layer = chunk_costs(plan, workload_of(plan))[0][0].layers[0]
     out = layer.lines()
     for r in plan.stage(0).collectives:
@@ -84,8 +91,46 @@ def layer_lines(recompute: str = "none", sp: bool = False) -> list[str]:
             out.append(f"collective {r.phase:8s} {r.op:14s} {r.size_bytes / 1e6:8.1f} MB {r.time_s * 1e6:8.1f} us "
                        f"algbw {r.size_bytes / r.time_s / 1e9:6.1f} GB/s ({r.path.note}, {r.algorithm})")
     f, b = layer_unit_times(plan)
+    out += layer_summary(layer, f, b)
     pf, pb = fidelity.LAYER_22B[(recompute, sp)]
     out.append(f"layer forward {f * 1e3:.2f} ms (published {pf}), backward {b * 1e3:.2f} ms (published {pb})")
+    return out
+
+
+def op_group(op) -> str:
+    """The summary's group of one op: the attention's batched products (QK^T, PV and their
+    gradients and replays), the other GEMMs, or the memory-bound kernels."""
+    if op.kind == "memory":
+        return "memory-bound"
+    if op.kind == "gemm" and op.block == "attn" and op.name.startswith(("qk^T", "pv")):
+        return "attention bmm"
+    return op.kind
+
+
+#: The layer's passes as its ops' phases (the backward with its recompute).
+PASSES = {"forward": ("forward",), "backward": ("backward_input", "backward_weight")}
+
+
+def pass_groups(layer, phases: tuple) -> dict:
+    """Seconds of ``layer``'s ops of ``phases`` by :func:`op_group`."""
+    groups: dict[str, float] = {}
+    for o in layer.ops:
+        if o.phase in phases:
+            groups[op_group(o)] = groups.get(op_group(o), 0.0) + o.seconds
+    return groups
+
+
+def layer_summary(layer, forward_s: float, backward_s: float) -> list[str]:
+    """D5 by group: each pass's compute (ms) by :func:`op_group` and the rest of the pass's
+    unit (``forward_s``, ``backward_s``: the layer's
+    :func:`~meshplan.schedule.steptime.layer_unit_times`): the waits for its tp collectives
+    and, where one overlaps compute (the backward's), the compute its NCCL kernel's SMs slow."""
+    out = []
+    for (label, phases), unit_s in zip(PASSES.items(), (forward_s, backward_s)):
+        groups = pass_groups(layer, phases)
+        parts = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in sorted(groups.items()))
+        out.append(f"summary {label:8s} {parts}; tp waits + SM contention "
+                   f"{(unit_s - sum(groups.values())) * 1e3:.3f} (ms; unit {unit_s * 1e3:.3f})")
     return out
 
 

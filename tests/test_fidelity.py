@@ -108,3 +108,34 @@ def test_layer_itemisation_lists_every_op_and_the_layer_times():
     assert len(coll) == 2 and all("all-reduce" in x and "100.7 MB" in x for x in coll)
     f, b = fidelity.predict_layer("none", False)
     assert lines[-1] == f"layer forward {f:.2f} ms (published 7.7), backward {b:.2f} ms (published 11.9)"
+
+
+def test_layer_summary_splits_the_d5_forward_by_hand():
+    """fidelity_components.layer_summary on D5 without recompute or SP (Korthikanti Table 4's
+    baseline; Megatron-LM 2755bcb's forward, audited in docs/fidelity.md). The forward's rest of
+    the unit is its two blocking tp all-reduces of [s, b, h] = 2048 x 4 x 6144 x 2 B = 96 MiB,
+    each half way between S15's 64M row (1.75 x 2^26 B / 171.54 GB/s = 684.6 us) and its 128M row
+    (1.75 x 2^27 B / 176.9 GB/s = 1327.8 us): 2 x 1006.2 us (tests/test_busbw.py). Its memory-bound
+    kernels at Triad 1.70 TB/s (S3): the causal softmax (lower triangle read, 2049/4096 of the
+    scores, every score written, 2 B), the attention dropout (2 + 2 + 1 B a score), the context
+    permute copy and the QKV bias add (read + write of [s, b, h/tp] and [s, b, 3h/tp], 2 B), two
+    bias + dropout + add (x and residual read, out written, 1 B mask: 7 B an element of [s, b, h])
+    and bias + GeLU ([s, b, 4h/tp] read and written); the two LayerNorms at the catalog's norm
+    fit, 8.8 us + bytes / 1.55 TB/s (S11, rounded there: 0.5% here) of [s, b, h] read and written.
+    The same ops summed give the compute; compute + rest = the layer's forward (8.08 ms)."""
+    import fidelity_components as fc
+
+    plan = fc.layer_plan("none", False)
+    layer = chunk_costs(plan, workload_of(plan))[0][0].layers[0]
+    f_ms, _ = fidelity.predict_layer("none", False)
+    groups = fc.pass_groups(layer, fc.PASSES["forward"])
+    t64, t128 = 1.75 * 2**26 / 171.54e9, 1.75 * 2**27 / 176.9e9
+    assert f_ms * 1e-3 - sum(groups.values()) == pytest.approx(2 * (t64 + t128) / 2, rel=1e-6)
+    tokens, scores = 2048 * 4, 4 * 8 * 2048 ** 2
+    triad = (2 * (2049 / 4096 + 1) * scores + 5 * scores + 4 * tokens * 768 + 4 * tokens * 2304
+             + 2 * 7 * tokens * 6144 + 4 * tokens * 3072)
+    norms = 2 * (8.8e-6 + 4 * tokens * 6144 / 1.55e12)
+    assert groups["memory-bound"] == pytest.approx(triad / 1.70e12 + norms, rel=5e-3)  # 1.442 ms
+    assert set(groups) == {"gemm", "attention bmm", "memory-bound"}
+    lines = fc.layer_summary(layer, f_ms * 1e-3, 0.0)
+    assert lines[0].endswith(f"tp waits + SM contention {2 * (t64 + t128) / 2 * 1e3:.3f} (ms; unit {f_ms:.3f})")
