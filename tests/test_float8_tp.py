@@ -17,21 +17,33 @@ batch 1, seq 8192, op-level SAC. By hand, per layer (32 layers, one micro-batch)
   embedding's reduce-scatter (plain ``RowwiseParallel``) and their mirrors: 1 each in bf16.
 
 Rowwise scaling (``recipe_name = "rowwise"``): torchtitan's plain TP, every all-gather in bf16.
+
+Which torchtitan applies float8 TP: its parallelize tests ``"float8" in job_config.model.converters``
+(``torchtitan/models/llama3/infra/parallelize.py``:77 at 73a0e69, tag v0.2.2; the same line since
+57387af), so a job TOML with the converter ``"float8"`` and its ``[float8]`` table (torchtitan 57387af
+to 5b5d468, whose registry names it so) gets it, and one with ``"quantize.linear.float8"`` (the
+registry's name from 8a2686c, v0.2.0 to v0.2.2) does not: its float8 GEMMs run under plain TP,
+every all-gather in bf16 (``training.fp8_tp = false``). The tensorwise float8 TP tests below use the
+older file (:func:`older`).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from meshplan import catalog
+from meshplan.compute import float8
+from meshplan.compute.layer import layer_cost
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import load_any
+from meshplan.interop.foreign import export, load_any
 from meshplan.interop.tomlout import resolved
 from meshplan.interop.torchtitan_write import write as titan_write
 from meshplan.memory.sizes import layer_act_sizes
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
+from meshplan.schedule.workload import workload_of
 
 from tests.test_float8_linears import TT, titan
 
@@ -42,6 +54,18 @@ def tp_rows(plan) -> dict:
     """(phase, op, dtype) -> (size_bytes, calls per micro-batch) of stage 0's tp rows."""
     return {(r.phase, r.op, r.dtype): (r.size_bytes, r.per_microbatch) for r in plan.stage(0).collectives
             if r.axis == "tp" and r.op in ("all-gather", "reduce-scatter")}
+
+
+def older(tmp_path, gather: bool, tp: int = 2):
+    """The example TOML with float8 Linears as torchtitan 57387af to 5b5d468 names them (converter
+    ``"float8"``, table ``[float8]``), whose parallelize applies float8 TP, at tp ``tp``."""
+    text = TT.read_text().replace("tensor_parallel_degree = 1", f"tensor_parallel_degree = {tp}")
+    text = text.replace('flavor = "8B"\n', 'flavor = "8B"\nconverters = ["float8"]\n')
+    text += (f"\n[float8]\nenable_fsdp_float8_all_gather = {str(gather).lower()}\n"
+             f"precompute_float8_dynamic_scale_for_fsdp = {str(gather).lower()}\nfilter_fqns = [\"output\"]\n")
+    f = tmp_path / "older.toml"
+    f.write_text(text)
+    return build_plan(load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1)))
 
 
 def rowwise(tmp_path, tp: int = 2):
@@ -55,7 +79,7 @@ def rowwise(tmp_path, tp: int = 2):
 
 
 def test_tensorwise_gathers_float8_by_hand(tmp_path):
-    p = titan(tmp_path, float8=True, gather=True, tp=2)
+    p = older(tmp_path, gather=True)
     assert (p.config.training.fp8_recipe, p.config.training.float8_tp_gathers) == ("tensorwise", True)
     assert tp_rows(p) == {
         ("forward", "all-gather", "fp8"): (BSH, 64), ("forward", "all-gather", "bf16"): (2 * BSH, 1),
@@ -84,7 +108,7 @@ def test_timeline_waits_the_float8_gathers(tmp_path):
     forward (wo's and w_down's inputs and weights, sharded along K), 5 backward (the column-parallel
     output gradients and weights, sharded along N) and the 2 replayed, 32 x 9 of each kind, the
     tokens' scales 8192 x 8 B, the weights' 4096 x 8 B."""
-    tw, rw = titan(tmp_path, float8=True, gather=False, tp=2), rowwise(tmp_path)
+    tw, rw = older(tmp_path, gather=False), rowwise(tmp_path)
     t = {(r.phase, r.op, r.dtype): r.time_s for r in tw.stage(0).collectives if r.axis == "tp"}
     amax = {r.phase: r.per_step for r in tw.stage(0).collectives if r.dtype == "fp64"}
     assert amax == {"forward": 32 * 11, "backward": 32 * 18}
@@ -160,3 +184,55 @@ def test_rowwise_scale_all_reduces_by_hand(recompute, sp):
     spent = sum(ie.end_s - ie.start_s for e in st.pipeline.events if e.stage == 0 and e.stream == "compute"
                 for ie in st.units.of_event(e).events if "scales" in ie.args.get("group", ""))
     assert spent == pytest.approx(sum(r.time_s * r.per_step for r in rows), rel=1e-9) and spent > 0
+
+
+@pytest.mark.parametrize("gather,fwd,bwd", [(True, 2, 5 + 2), (False, 9, 5 + 9)])
+def test_v022_converter_name_runs_plain_tp(tmp_path, gather, fwd, bwd):
+    """torchtitan v0.2.2's converter name ``"quantize.linear.float8"`` (the example TOML, tp 2):
+    its parallelize's ``enable_float8_linear = "float8" in job_config.model.converters`` is false,
+    so ``apply_tp`` gets ``enable_float8_tensorwise_tp=False`` and plain ``ColwiseParallel`` /
+    ``RowwiseParallel`` (parallelize.py:77-93, 192-210 at 73a0e69): every tp all-gather in bf16,
+    the same rows as the bf16 plan's (65 forward, 129 backward a micro-batch: 64 layer gathers and
+    the head's, 128 and its mirror). Each Float8Linear casts after the gathers; the amax of a
+    tp-sharded DTensor is a Partial max, all-reduced over tp: per layer forward wo's and w_down's
+    inputs (RowwiseParallel hands them over sharded along K) and, unless FSDP gathers the weights in
+    float8, the 7 weights; backward the 5 column-parallel output gradients (sharded along N); the
+    column-parallel inputs and the row-parallel output gradients arrive gathered (Replicate). The
+    example's op-level SAC replays the forward's in backward: forward 32 x (2 or 9), backward
+    32 x (5 + 2 or 5 + 9), one micro-batch a step."""
+    p = titan(tmp_path, float8=True, gather=gather, tp=2)
+    t = p.config.training
+    assert (t.linear_dtype, t.fp8_recipe, t.fp8_tp, t.float8_tp_gathers) == ("fp8", "tensorwise", False, False)
+    note = next(n for n in p.config.notes if "float8 TP off" in n)
+    assert 'enable_float8_linear = "float8" in job_config.model.converters' in note
+    assert "torchtitan/models/llama3/infra/parallelize.py:77 at 73a0e69, v0.2.2" in note
+    assert tp_rows(p) == tp_rows(titan(tmp_path, float8=False, tp=2)) == {
+        ("forward", "all-gather", "bf16"): (2 * BSH, 65), ("forward", "reduce-scatter", "bf16"): (2 * BSH, 65),
+        ("backward", "all-gather", "bf16"): (2 * BSH, 129), ("backward", "reduce-scatter", "bf16"): (2 * BSH, 65)}
+    amax = {r.phase: r.per_step for r in p.stage(0).collectives if r.dtype == "fp64"}
+    assert amax == {"forward": 32 * fwd, "backward": 32 * bwd}
+    # the layer's kernels mark the same casts (whose all-reduce the timeline waits for)
+    c = layer_cost(p.config.model, catalog.gpu("h100-sxm5-80gb"), workload_of(p))
+    calls = (float8.tp_amax_calls(c.ops, "", "forward"), float8.tp_amax_calls(c.ops, "", "backward_input"))
+    assert calls == float8.plain_tp_amax_per_layer(frozenset(float8.INPUTS), gather) == (fwd, 5)
+
+
+def test_mixed_float8_names_and_export_say_what_torchtitan_does(tmp_path):
+    """The converter ``"float8"`` beside ``[quantize.linear.float8]``: v0.2.x has no converter of that
+    name (KeyError 'float8' in ModelConvertersContainer, protocols/model_converter.py:62 at 73a0e69),
+    torchtitan before 5b5d468 reads [float8]: planned as "float8" runs, float8 TP on, with a note.
+    A meshplan config planning float8 TP exported to torchtitan (v0.2.2 names) loses it: the header
+    says so (tp 2, tensorwise)."""
+    text = TT.read_text().replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2").replace(
+        'flavor = "8B"\n', 'flavor = "8B"\nconverters = ["float8"]\n') + '\n[quantize.linear.float8]\nfilter_fqns = ["output"]\n'
+    f = tmp_path / "mixed.toml"
+    f.write_text(text)
+    cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1))
+    assert cfg.training.fp8_tp and cfg.training.float8_tp_gathers
+    assert any(n.startswith('torchtitan: model.converters "float8" with [quantize.linear.float8]') and "KeyError 'float8'" in n
+               for n in cfg.notes)
+    plan = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                             "training": {"global_batch": 4, "seq_len": 8192, "linear_dtype": "fp8"},
+                             "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2], "sequence_parallel": True}})
+    _, head = export(plan, "torchtitan", "f8")
+    assert "not expressed in torchtitan: training.fp8_tp: True -> False" in head

@@ -9,6 +9,7 @@ trial's search of the 8B import (dp_shard 16 x cp 8, no AC).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from cli_run import run_main as _main
@@ -35,27 +36,33 @@ def test_70b_cp16_tp8_float8_layer_saves_by_hand(tmp_path):
     tokens, float8 tensorwise, no AC: the rank's tokens 131072 / 16 = 8192. torchtitan v0.2.2 (e347b1e)
     passes ``enable_gqa`` to SDPA (no repeat_kv since ff0829c): ``[memory] kv_expanded`` stays false;
     tp > 1 with SP keeps the all-gathered GEMM inputs (``sp_gathered_input`` true, DTensor
-    ColwiseParallel), and under torchao's float8 TP those are the fp8 copies cast before the gather.
-    Per layer, MiB (bf16 2 B, fp8 1 B):
+    ColwiseParallel). The job names the converter "quantize.linear.float8", which v0.2.2's
+    parallelize does not take for float8 TP (``"float8" in job_config.model.converters``,
+    models/llama3/infra/parallelize.py:77 at 73a0e69): plain TP, so the gathered inputs are bf16 and
+    each float8 Linear keeps its fp8 copy besides (compiled: ``meshplan.compute.float8.saved_copies``,
+    as at tp 1 in the next test). Per layer, MiB (bf16 2 B, fp8 1 B):
 
-    - attention: norm input 2 x 8192 x 8192 / 8 = 16; gathered fp8 QKV input 8192 x 8192 = 64;
-      q 2 x 8192 x 8 x 128 = 16; k and v at 1 KV head each 2 x 8192 x 1 x 128 = 2 + 2; flash lse
-      4 x 8 x 8192 = 0.25; SDPA output 16; wo's fp8 input 8192 x 1024 = 8: 124.25
-    - MLP: norm input 16; gathered fp8 w1/w3 input 64; gate, silu output and up 3 x 2 x 8192 x 3584 =
-      3 x 56 = 168; w2's fp8 input (Float8RowwiseParallel's cast; the bf16 product kept by no one)
-      8192 x 3584 = 28: 276
+    - attention: norm input 2 x 8192 x 8192 / 8 = 16; gathered bf16 QKV input 2 x 8192 x 8192 = 128
+      and its fp8 copy 64; q 2 x 8192 x 8 x 128 = 16; k and v at 1 KV head each 2 x 8192 x 1 x 128
+      = 2 + 2; flash lse 4 x 8 x 8192 = 0.25; SDPA output (wo's input) 16 and wo's fp8 copy
+      8192 x 1024 = 8: 252.25
+    - MLP: norm input 16; gathered bf16 w1/w3 input 128 and its fp8 copy 64; gate, silu output and
+      up 3 x 2 x 8192 x 3584 = 3 x 56 = 168; w2's bf16 input (the product) 56 and its fp8 copy 28: 460
 
-    400.25 MiB = 419,692,544 B. The trial's hand count, 428 MiB, repeated K/V to the q heads
-    (q, k, v 48 MiB instead of 20) and left out the lse: with ``kv_expanded`` 428.25 MiB. Before this
-    fix meshplan counted 488.25 MiB (the bf16 GEMM inputs beside their fp8 copies), 712.25 with
-    sp_gathered_input (bf16 gathered inputs beside fp8 ones)."""
+    712.25 MiB = 746,848,256 B. Under torchao's float8 TP (the converter "float8", torchtitan 57387af
+    to 5b5d468) the gathered inputs would be the fp8 copies cast before the gather and w2's bf16
+    product kept by no one: 400.25 MiB, what this test asserted before float8 TP was read by the
+    converter's name. The trial's hand count, 428 MiB, assumed that float8 TP and repeated K/V to the
+    q heads (q, k, v 48 MiB instead of 20), without the lse."""
     job = tmp_path / "none.toml"  # the trial's j70_none: activation_checkpoint.mode "none"
     job.write_text((DATA / "tt_70b_128k.toml").read_text().replace('mode = "full"', 'mode = "none"'))
     cfg = load_any(job, opts=H200x16)
     assert cfg.memory.sp_gathered_input and not cfg.memory.kv_expanded
     # the cp rows still size K/V after repeat_kv (64 q heads): the note says v0.2.2's are 64 / 8 smaller
     assert any("K and V at the 64 q heads" in n and "8x smaller than planned" in n for n in cfg.notes)
-    assert _saved(cfg) == int(400.25 * MiB) == 419_692_544
+    assert not cfg.training.fp8_tp and any("float8 TP off" in n for n in cfg.notes)
+    assert _saved(cfg) == int(712.25 * MiB) == 746_848_256
+    assert _saved(replace(cfg, training=cfg.training.model_copy(update={"fp8_tp": True}))) == int(400.25 * MiB)
     assert _saved(cfg, kv_expanded=True) - _saved(cfg) == 2 * 2 * 8192 * (8 - 1) * 128 == 28 * MiB
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from cli_run import run_main as _main
 
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
 from meshplan.interop.torchtitan_float8 import Float8Spelling, float8_spelling
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchtitan_llama3-8b_8xh100.toml"
@@ -119,3 +121,29 @@ def test_float8_spelling_of_a_file(raw, want):
     """A file that names the current converter or table anywhere is current (a mixed file runs on
     neither torchtitan as it is; its export is today's)."""
     assert float8_spelling(raw) is want
+
+
+@pytest.mark.parametrize("converters, table, keys, fp8_tp", [
+    # v0.2.0-v0.2.2 (8a2686c on): parallelize.py:77 tests "float8" in model.converters: false, plain TP
+    ('converters = ["quantize.linear.float8"]', "quantize.linear.float8", KEYS, False),
+    ('converters = ["quantize.linear.float8"]', "quantize.linear.float8", 'recipe_name = "rowwise"', False),
+    # 57387af to 5b5d468: the registry's "float8", which the same test sees: float8 TP
+    ('converters = ["float8"]', "float8", KEYS, True),
+    # before 57387af: enable_float8=job_config.float8.enable_float8_linear (parallelize_llama.py:63 at 57387af^)
+    ("", "float8", "enable_float8_linear = true", True),
+    # "float8" beside the current table: no torchtitan runs it as written; planned as "float8" reads
+    ('converters = ["float8"]', "quantize.linear.float8", KEYS, True),
+])
+def test_float8_tp_follows_the_converter_name(tmp_path, converters, table, keys, fp8_tp):
+    text = _job(tmp_path, converters, table, keys).read_text().replace("tensor_parallel_degree = 1",
+                                                                       "tensor_parallel_degree = 2")
+    job = tmp_path / "tp2.toml"
+    job.write_text(text)
+    cfg = load_any(job, opts=ImportOptions(cluster="dgx-h100", nodes=1))
+    t = cfg.training
+    assert t.linear_dtype == "fp8" and t.fp8_tp is fp8_tp
+    assert t.float8_tp_gathers is (fp8_tp and t.fp8_recipe == "tensorwise")
+    # the note quoting torchtitan's test where it turns float8 TP off (tensorwise at tp 2)
+    off = [n for n in cfg.notes if "float8 TP off" in n]
+    assert len(off) == (not fp8_tp and "rowwise" not in keys)
+    assert all("parallelize.py:77 at 73a0e69, v0.2.2" in n for n in off)

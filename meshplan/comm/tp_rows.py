@@ -26,6 +26,10 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
 - Float8 Linears with rowwise scales under plain TP (torchtitan's TP plan; :func:`_rowwise_scale_rows`):
   each cast along tp-sharded rows all-reduces its amaxes over tp, fp64 vectors (one a token, or one a
   hidden unit): per Llama layer 2 forward and 5 backward of each, the forward's again where recomputed.
+- Float8 Linears with tensorwise scales under plain TP (``training.fp8_tp`` false: torchtitan v0.2.x,
+  whose parallelize does not see its converter's name): every all-gather in the compute dtype, and
+  each cast of a tp-sharded DTensor all-reduces its amax, one fp64 scalar: per Llama layer 9 forward
+  (wo's and w_down's inputs, 7 weights) and 5 backward (:func:`_float8_amax_rows`).
 - TP with MoE layers at ep 1 under framework torch (etp = tp,
   :func:`meshplan.spec.axes.ep.experts_over_tp_ops`): the routed experts sharded over tp as a dense
   MLP, so the layer's collectives are a dense layer's (with SP and shared experts, one more
@@ -90,6 +94,8 @@ def tp_rows(add, c: StageContext) -> None:
         _plain_rows(add, c, counts)
     if _rowwise_tp(c):
         _rowwise_scale_rows(add, c)
+    elif float8.tensorwise_plain_tp(c.model, _workload(c)):
+        _float8_amax_rows(add, c, float8.plain_tp_amax_per_layer)
     qkv_gather_rows(add, c)
     mla_up_rows(add, c)
     get_batch_rows(add, c)
@@ -171,10 +177,11 @@ FLOAT8_TOKEN_SCALES_CADENCE = "every rowwise float8 cast of tp-sharded rows (tor
 FLOAT8_WEIGHT_SCALES_CADENCE = "every rowwise float8 cast of a tp-sharded weight (torchao rowwise: one scale a unit)"
 
 
-def _float8_amax_rows(add, c: StageContext) -> None:
+def _float8_amax_rows(add, c: StageContext, per_layer=float8.tp_amax_per_layer) -> None:
     """The tp all-reduces of the amaxes of the float8 casts of tp shards under torchao's float8
     TP (:func:`meshplan.compute.float8.tp_amax_per_layer`: 4 forward, 7 backward per Llama layer,
-    weights gathered in float8): ``tensor_to_amax``'s ``torch.max(torch.abs(x))`` of a Shard
+    weights gathered in float8), or tensorwise under plain TP (``per_layer``
+    :func:`~meshplan.compute.float8.plain_tp_amax_per_layer`: 9 and 5, 2 and 5 with the float8 all-gather): ``tensor_to_amax``'s ``torch.max(torch.abs(x))`` of a Shard
     DTensor is a Partial max, all-reduced before the scale; the cast waits for it (eab345c
     ``float8_scaling_utils.hp_tensor_to_float8_dynamic``). A recomputed layer (full, per-layer or
     op-level AC) replays its forward casts' all-reduces (op-level AC saves ``aten.max``'s output,
@@ -184,7 +191,7 @@ def _float8_amax_rows(add, c: StageContext) -> None:
         if c.model.is_moe_layer(i):
             continue
         names = frozenset(x.name for x in c.model.layer_tensors(i) if c.training.float8_linear(x))
-        f, b = float8.tp_amax_per_layer(names, c.training.fp8_all_gather)
+        f, b = per_layer(names, c.training.fp8_all_gather)
         replay = c.layer_recomputed(k) or c.training.recompute == "op"
         fwd, bwd = fwd + f, bwd + b + (f if replay else 0)
     for phase, n in (("forward", fwd), ("backward", bwd)):
@@ -213,12 +220,16 @@ def _rowwise_scale_rows(add, c: StageContext) -> None:
 
 
 def _rowwise_tp(c: StageContext) -> bool:
-    """:func:`meshplan.compute.float8.rowwise_tp` (the rule's one home) of the stage: its float8
-    Linears (:func:`meshplan.compute.ops.float8_gemms`), tp degree and framework as a Workload."""
+    """:func:`meshplan.compute.float8.rowwise_tp` (the rule's one home) of the stage (:func:`_workload`)."""
+    return float8.rowwise_tp(c.model, _workload(c))
+
+
+def _workload(c: StageContext) -> Workload:
+    """The stage's float8 Linears (:func:`meshplan.compute.ops.float8_gemms`), tp degree and
+    framework as a Workload, for :mod:`meshplan.compute.float8`'s rules."""
     t = c.training
-    w = Workload(seq_len=t.seq_len, tp=c.mesh.degree("tp"), megatron_ops=t.framework == "megatron",
-                 **float8_gemms(c.model, t))
-    return float8.rowwise_tp(c.model, w)
+    return Workload(seq_len=t.seq_len, tp=c.mesh.degree("tp"), megatron_ops=t.framework == "megatron",
+                    **float8_gemms(c.model, t))
 
 
 def _layer_counts(c: StageContext) -> Counter[tuple]:

@@ -170,8 +170,16 @@ def applies(w) -> bool:
 
 def float8_tp(model, w) -> bool:
     """torchao's float8 TP styles run (:func:`meshplan.compute.dtensor_sp.float8_tp`'s rule on a
-    Workload): tensorwise, sequence parallel, tp > 1, a dense model without MLA."""
-    return w.sp and w.tp > 1 and not w.fp8_rowwise and not model.is_moe and not model.is_mla
+    Workload): tensorwise with ``fp8_tp`` (not :attr:`~meshplan.compute.ops.Workload.plain_tp_float8`),
+    sequence parallel, tp > 1, a dense model without MLA. Without them: :func:`tensorwise_plain_tp`."""
+    return w.sp and w.tp > 1 and not w.plain_tp_float8 and not model.is_moe and not model.is_mla
+
+
+def tensorwise_plain_tp(model, w) -> bool:
+    """Tensorwise float8 Linears under torch's plain TP (``fp8_tp`` false, tp > 1; dense layers, no
+    MLA): each cast after the gathers, as without TP, but the amax of a tp-sharded DTensor is a
+    Partial max all-reduced over tp (:func:`plain_tp_amax_per_layer`; not checked in a trace)."""
+    return applies(w) and not w.fp8_rowwise and not w.fp8_tp and w.tp > 1 and not model.is_moe and not model.is_mla
 
 
 def rowwise_tp(model, w) -> bool:
@@ -191,6 +199,22 @@ def rowwise_tp_per_layer(names) -> tuple[int, int]:
     mine = [n for n in INPUTS if n in names]
     row = sum(n in ROW_PARALLEL for n in mine)
     return row, len(mine) - row
+
+
+def plain_tp_amax_per_layer(names, fp8_all_gather: bool) -> tuple[int, int]:
+    """(forward, backward) tp all-reduces of amaxes per dense layer and micro-batch under
+    :func:`tensorwise_plain_tp`: forward one per row-parallel Linear's input (torch's
+    ``RowwiseParallel`` hands it over sharded along K) and, unless FSDP gathers them in float8, per
+    weight (a tp-sharded DTensor); backward one per column-parallel Linear's output gradient
+    (sharded along N). The column-parallel inputs and row-parallel output gradients arrive gathered
+    (Replicate): no all-reduce. Llama: 9 and 5.
+
+    >>> plain_tp_amax_per_layer(frozenset(INPUTS), False), plain_tp_amax_per_layer(frozenset(INPUTS), True)
+    ((9, 5), (2, 5))
+    """
+    mine = [n for n in INPUTS if n in names]
+    row = sum(n in ROW_PARALLEL for n in mine)
+    return row + (0 if fp8_all_gather else len(mine)), len(mine) - row
 
 
 def activation_kernels(rowwise: bool, eager: bool, b: int, shard: bool) -> list[tuple[str, float]]:
@@ -253,6 +277,7 @@ def layer_kernels(model, w, gemms, b: int) -> list[tuple[str, str, str, float]]:
     if not applies(w):
         return []
     eager, rowwise, tp8, rtp = w.torch_eager, w.fp8_rowwise, float8_tp(model, w), rowwise_tp(model, w)
+    ptp = tensorwise_plain_tp(model, w)  # its sharded amaxes carry OVER_TP as float8 TP's
     out: list[tuple[str, str, str, float]] = []
     done: set[str] = set()
     for g in (g for g in gemms if g.name in w.float8_gemms and g.name in INPUTS):
@@ -262,18 +287,20 @@ def layer_kernels(model, w, gemms, b: int) -> list[tuple[str, str, str, float]]:
         done.add(what)
         if not shared:  # the input: cast once per shared tensor, per Linear eagerly
             out += _activation(what, block, "forward", g.m, g.k * g.count, w, rowwise, eager, b,
-                               tp8 and what in GATHERED_INPUTS, tp8, TOKEN_SCALES if row else "")
+                               tp8 and what in GATHERED_INPUTS, tp8 or (ptp and g.name in ROW_PARALLEL),
+                               TOKEN_SCALES if row else "")
         if eager and not rowwise and not (tp8 and what in GATHERED_INPUTS):  # the wgrad's transposed input (mm)
             out.append((f"float8 transpose ({what}, {g.name} wgrad)", _bw_block(block), "backward_input",
                         2.0 * g.m * g.k * g.count))
         grad_block = GATHERED_GRADS.get(g.name, _bw_block(block))
         out += _activation(f"{g.name} output grad", grad_block, "backward_input", g.m, g.n * g.count, w, rowwise,
-                           eager, b, tp8 and g.name in GATHERED_GRADS, tp8, TOKEN_SCALES if col else "")
+                           eager, b, tp8 and g.name in GATHERED_GRADS, tp8 or (ptp and g.name not in ROW_PARALLEL),
+                           TOKEN_SCALES if col else "")
         if eager and not rowwise and not (tp8 and g.name in GATHERED_GRADS):
             out.append((f"float8 transpose ({g.name} output grad)", _bw_block(block), "backward_input",
                         2.0 * g.m * g.n * g.count))
         for k, phase, nb in weight_kernels(rowwise, eager, b, w.fp8_all_gather and not rowwise):
-            mark = OVER_TP if k == "amax" and tp8 else WEIGHT_SCALES if (row and k == "cast") or (
+            mark = OVER_TP if k == "amax" and (tp8 or ptp) else WEIGHT_SCALES if (row and k == "cast") or (
                 col and k == "cast (transposed)") else ""
             name = f"float8 {k} ({g.name} weight" + (f", {mark})" if mark else ")")
             out.append((name, _bw_block(block) if phase != "forward" else block, phase, float(nb * g.n * g.k * g.count)))

@@ -73,7 +73,7 @@ def gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale:
     out = []
     dtype = w.gemm_dtype(g.name)  # float8 Linears: fp8 forward, data- and weight-gradient GEMMs
     for gg, phase in zip([g] + (backward or backward_gemms(g)), PHASES):
-        n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase, w.fp8_rowwise and dtype == "fp8") if w.sp else 0
+        n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase, w.plain_tp_float8 and dtype == "fp8") if w.sp else 0
         if n:  # async TP: n GEMMs of M / n rows, each at its own shape (and launch floor)
             e = gemm_time(gpu, asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype, gg.count, table)
             t = n * issue_floor(gpu, e.seconds * asynctp.sm_margin(w.async_tp, gg.name, phase, gpu.sms))

@@ -180,9 +180,10 @@ def async_tp_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
 
 
 def _cast_after_gather(w: Workload, name: str) -> bool:
-    """Whether GEMM ``name`` (a Gemm name or its ``.dgrad``) is a float8 rowwise Linear's, whose
-    TP gathers torch does not fuse (:func:`meshplan.compute.asynctp.pieces`)."""
-    return w.fp8_rowwise and w.gemm_dtype(name) == "fp8"
+    """Whether GEMM ``name`` (a Gemm name or its ``.dgrad``) is a float8 Linear's under plain TP
+    (rowwise, or tensorwise without float8 TP: ``Workload.plain_tp_float8``), whose TP gathers
+    torch does not fuse (:func:`meshplan.compute.asynctp.pieces`)."""
+    return w.plain_tp_float8 and w.gemm_dtype(name) == "fp8"
 
 
 def sp_layout_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]) -> list[Op]:

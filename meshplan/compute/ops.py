@@ -102,7 +102,9 @@ class Workload:
     collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`);
     ``async_tp``: the framework ("torch" or "megatron") whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
     :mod:`meshplan.compute.asynctp`), "" for none; ``fp8_rowwise``: the float8 Linears scale
-    rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse;
+    rowwise (``training.fp8_recipe``); ``fp8_tp``: torchao's float8 TP styles apply to the
+    tensorwise ones (``training.fp8_tp``); both decide which of torch's gathers fuse
+    (:attr:`plain_tp_float8`);
     ``fp8_all_gather``: FSDP2 gathers them already cast (their casts: :mod:`meshplan.compute.float8`);
     ``torch_ring_attention``: at cp > 1 torch's context-parallel ring attention merges and
     accumulates its calls' results (:mod:`meshplan.compute.ring_attention`), ``cp_alltoall`` its K/V
@@ -167,6 +169,7 @@ class Workload:
     linear_dtype: str = ""
     float8_gemms: frozenset[str] = frozenset()
     fp8_rowwise: bool = False
+    fp8_tp: bool = True
     fp8_all_gather: bool = False
     async_tp: str = ""
     torch_ring_attention: bool = False
@@ -181,6 +184,16 @@ class Workload:
     shared_beside_combine: bool = False
     no_grad_bda: bool = False
     op_replays_ep: bool = False
+
+    @property
+    def plain_tp_float8(self) -> bool:
+        """The float8 Linears run under torch's plain TP (rowwise, or tensorwise with ``fp8_tp``
+        false): gathers in the compute dtype, cast after them, none fused by async TP.
+
+        >>> Workload(seq_len=8, fp8_rowwise=True).plain_tp_float8, Workload(seq_len=8, fp8_tp=False).plain_tp_float8
+        (True, True)
+        """
+        return self.fp8_rowwise or not self.fp8_tp
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -391,6 +404,7 @@ def float8_gemms(model: ModelSpec, training) -> dict:
     kinds = {model.is_moe_layer(i): i for i in range(model.layers)}
     tensors = [x for i in kinds.values() for x in model.layer_tensors(i)] + model.head_tensors(model.vocab)
     return {"linear_dtype": training.linear_dtype, "fp8_rowwise": training.fp8_recipe == "rowwise",
+            "fp8_tp": training.fp8_tp,
             "fp8_all_gather": training.fp8_all_gather, "float8_gemms": frozenset(x.name for x in tensors if training.float8_linear(x))}
 
 

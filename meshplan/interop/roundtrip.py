@@ -33,6 +33,8 @@ def differences(a: Config, b: Config) -> list[str]:
     ta, tb = (_routed(c.training.at_pp(resolved(c).degree("pp")), a.model.is_moe) for c in (a, b))
     # op_sac_policy as planned (TrainingSpec.op_sac): unset and a torchtitan import's "238fa99" plan the same SAC
     ta["op_sac_policy"], tb["op_sac_policy"] = a.training.op_sac, b.training.op_sac
+    # fp8_tp as it acts (float8 tensorwise Linears under torch at tp > 1): elsewhere true and false plan the same
+    ta["fp8_tp"], tb["fp8_tp"] = (c.training.float8_tp_gathers and resolved(c).degree("tp") > 1 for c in (a, b))
     out += [f"training.{k}: {ta[k]!r} -> {tb[k]!r}" for k in ta if ta[k] != tb[k]]
     if a.training.gradient_reduce_dtype != b.training.gradient_reduce_dtype:
         out.append(f"training.grad_reduce_dtype: {a.training.gradient_reduce_dtype!r} -> "

@@ -23,7 +23,8 @@ model.flavor registered by the .py beside the   the [model] its TransformerModel
 model.hf_assets_path (other flavors)           model.hf_config = <path>/config.json
 (an MoE model: token-choice, no capacity)      training.moe_dropless = true (:data:`DROPLESS`)
 model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": the converted
-  (or "float8")                                  Linears' GEMMs in fp8, activations in compute_dtype
+  (or "float8")                                  Linears' GEMMs in fp8, activations in compute_dtype;
+                                                 without "float8" also fp8_tp = false (plain TP)
 quantize.linear.float8.filter_fqns,            training.fp8_output_layer (output not filtered),
   .enable_fsdp_float8_all_gather                 fp8_all_gather (with dp_shard > 1, as torchtitan)
 quantize.linear.float8.recipe_name "rowwise"   training.fp8_recipe = "rowwise" (unset: tensorwise)
@@ -137,7 +138,7 @@ from meshplan.interop.common import (
 from meshplan.interop.torchtitan_checkpoint import read_checkpoint
 from meshplan.interop.torchtitan_ep import read_backend, read_etp
 from meshplan.interop.torchtitan_flavors import flavor_context, read_model
-from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, read_float8
+from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, mixed_note, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.interop.torchtitan_tables import (
     kv_heads_note,
@@ -317,7 +318,9 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
     file's folder (for a relative ``hf_assets_path``); ``custom``: llama3 flavors of the ``.py``
     beside it (:func:`~meshplan.interop.torchtitan_flavors.read_model`)."""
+    mixed = mixed_note(d)  # the raw file's float8 names, before old_float8 brings them to the current layout
     d, old_notes = old_float8(d)
+    old_notes += mixed
     typo = misspelt(flatten(d), READ, NEAR_KEYS)
     if typo:
         raise ConfigError(typo[0], f"not a torchtitan key; did you mean {typo[1]}? (meshplan reads that one; "

@@ -9,7 +9,24 @@ are multiples of 16 and whose name contains no ``filter_fqns`` entry for torchao
 (``training.linear_dtype``, :meth:`~meshplan.spec.training.TrainingSpec.float8_linear`);
 ``enable_fsdp_float8_all_gather`` gathers those weights in float8 (``training.fp8_all_gather``);
 ``recipe_name`` "rowwise" or "rowwise_with_gw_hp" is rowwise scaling (``training.fp8_recipe``,
-plain TP collectives), unset tensorwise (float8 TP all-gathers).
+plain TP collectives), unset tensorwise (float8 TP all-gathers where torchtitan applies them).
+
+Float8 TP (torchao's ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``: the TP gathers in
+float8, ``training.fp8_tp``) by the converter's name, as each torchtitan's parallelize tests it
+(:func:`float8_tp_of`): ``enable_float8_linear = "float8" in job_config.model.converters`` and
+``enable_float8_tensorwise_tp = enable_float8_linear and not float8_is_rowwise``
+(``torchtitan/models/llama3/infra/parallelize.py``:77-86 at 73a0e69, tag v0.2.2; the same in
+deepseek_v3, qwen3, llama4 and gpt_oss, :data:`PARALLELIZE_LINE`). The registry names the converter
+``"float8"`` from 57387af (2025-02-14) to 5b5d468 (2025-09-26), whose parallelize sees it: float8 TP
+on (before 57387af ``enable_float8_linear`` switched it on alike, :mod:`meshplan.interop.torchtitan_legacy`);
+``"quantize.linear.float8"`` from 8a2686c (2025-09-30) through v0.2.0, v0.2.1, v0.2.2 and 238fa99
+(the last commit reading TOML), whose parallelize still tests ``"float8"``: a file naming the new
+converter runs its float8 GEMMs under plain TP (gathers in the compute dtype, the casts after
+them), ``fp8_tp = false``. A file naming ``"float8"`` beside ``[quantize.linear.float8]`` runs on
+neither (from 8a2686c ``_registry_model_converter_cls["float8"]`` is a KeyError,
+``protocols/model_converter.py``:62 at 73a0e69; before it the table is ``[float8]``): planned as
+``"float8"`` reads, float8 TP on, with a note. torchtitan 9810191 (Python configs, not read here)
+removed the float8 TP path altogether.
 """
 
 from __future__ import annotations
@@ -25,6 +42,9 @@ LINEAR_CONVERTERS = ("float8", "quantize.linear.float8")
 ROWWISE_RECIPES = ("rowwise", "rowwise_with_gw_hp")
 #: The converter of the routed experts' grouped GEMMs (torchao's MoE training), not modelled.
 GROUPED_CONVERTER = "quantize.grouped_mm.float8"
+#: The line of each model's ``infra/parallelize.py`` at 73a0e69 (v0.2.2) that tests ``"float8" in
+#: job_config.model.converters`` (module docstring).
+PARALLELIZE_LINE = {"llama3": 77, "llama4": 93, "qwen3": 87, "deepseek_v3": 76, "gpt_oss": 84}
 #: [quantize.linear.float8] keys (Float8Linear of job_config.py), read with the Linear converter.
 FLOAT8 = {f"quantize.linear.float8.{k}" for k in ("enable_fsdp_float8_all_gather",
                                                   "precompute_float8_dynamic_scale_for_fsdp", "recipe_name",
@@ -94,6 +114,7 @@ def read_float8(d: dict, shard: int, notes: list[str], cp: int = 1) -> dict[str,
     out: dict[str, Any] = {"linear_dtype": "fp8", "fp8_output_layer": not filters_output(names)}
     if f8.get("recipe_name") in ROWWISE_RECIPES:
         out["fp8_recipe"] = "rowwise"
+    out |= float8_tp_of(d, converters, notes)
     if not f8.get("enable_fsdp_float8_all_gather", False):
         return out
     if f8.get("recipe_name") is not None:
@@ -114,6 +135,53 @@ def read_float8(d: dict, shard: int, notes: list[str], cp: int = 1) -> dict[str,
         notes.append("precompute_float8_dynamic_scale_for_fsdp is false: torchao all-reduces each float8 weight's "
                      "amax on its own; planned as one all-reduce of all of them (the precompute)")
     return out | {"fp8_all_gather": True}
+
+
+def float8_tp_of(d: dict, converters: list[str], notes: list[str]) -> dict[str, Any]:
+    """``{"fp8_tp": False}`` when ``converters`` name the float8 Linear converter
+    ``"quantize.linear.float8"`` but not ``"float8"``, the name torchtitan's parallelize tests
+    (module docstring), with a note quoting that test when it acts (tensorwise, tp > 1); {} with
+    ``"float8"`` (float8 TP on), and a note when the file names ``[quantize.linear.float8]``
+    beside it (``mixed``: the raw file's, :func:`float8_spelling`), a pair no torchtitan reads.
+
+    >>> notes = []
+    >>> float8_tp_of({"parallelism": {"tensor_parallel_degree": 2}}, ["quantize.linear.float8"], notes)
+    {'fp8_tp': False}
+    >>> notes[0][:74]
+    'float8 TP off: torchtitan enables it for the converter named "float8" only'
+    """
+    name = str(d.get("model", {}).get("name", "llama3"))
+    line = f"torchtitan/models/{name}/infra/parallelize.py:{PARALLELIZE_LINE.get(name, 77)} at 73a0e69, v0.2.2"
+    if LINEAR_CONVERTERS[0] in converters:
+        return {}
+    tp = d.get("parallelism", {}).get("tensor_parallel_degree", 1)
+    if d.get("quantize", {}).get("linear", {}).get("float8", {}).get("recipe_name") not in ROWWISE_RECIPES and \
+            isinstance(tp, int) and tp > 1:
+        notes.append(f"float8 TP off: torchtitan enables it for the converter named \"float8\" only "
+                     f"(enable_float8_linear = \"float8\" in job_config.model.converters, {line}, as from 8a2686c, "
+                     f"2025-09-30, to 238fa99), which its registry calls \"quantize.linear.float8\": the tp all-gathers "
+                     f"move the compute dtype, each float8 Linear casts after them and all-reduces the amax of a "
+                     f"tp-sharded tensor over tp (training.fp8_tp = false)")
+    return {"fp8_tp": False}
+
+
+def mixed_note(raw: dict) -> list[str]:
+    """The note of a raw job TOML naming the converter ``"float8"`` beside ``[quantize.linear.float8]``
+    (module docstring), which no torchtitan runs as written; none otherwise.
+
+    >>> mixed_note({"model": {"converters": ["float8"]}, "quantize": {"linear": {"float8": {}}}})[0][:60]
+    'model.converters "float8" with [quantize.linear.float8]: tor'
+    """
+    model = raw.get("model", {})
+    converters = model.get("converters", []) if isinstance(model, dict) else []
+    if float8_spelling(raw) is not Float8Spelling.CURRENT or not isinstance(converters, list) \
+            or LINEAR_CONVERTERS[0] not in converters:
+        return []
+    return ["model.converters \"float8\" with [quantize.linear.float8]: torchtitan from 8a2686c (2025-09-30; "
+            "v0.2.0-v0.2.2) registers the converter as \"quantize.linear.float8\" only (KeyError 'float8', "
+            "torchtitan/protocols/model_converter.py:62 at 73a0e69), and before 5b5d468 reads [float8]; planned as "
+            "\"float8\" runs there, with float8 TP (rename the converter for torchtitan v0.2.x: its TP then "
+            "gathers in the compute dtype, training.fp8_tp = false)"]
 
 
 def write_float8(t) -> tuple[list[str], dict[str, Any]]:

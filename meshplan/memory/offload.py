@@ -58,18 +58,29 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
 #: DeepSpeedCPUAdam's update rate per CPU core, parameters a second: Ren et al., "ZeRO-Offload:
-#: Democratizing Billion-Scale Model Training" (USENIX ATC'21), Table 3, CPU-Adam on 10B parameters
-#: in 2.57 s, measured on a DGX-2 host: 2x Intel Xeon Platinum 8168, 24 cores each (NVIDIA DGX-2
-#: datasheet), 48 cores: 10e9 / 2.57 / 48 = 81.1e6 per core. DeepSpeed's docs/_pages/training.md
-#: (edaa722, "CPU-Adam") states the same table's range, 5.1x-6.5x over torch's CPU Adam for 1-10B.
-#: (The table's values as this change's author recalls them, not re-read from the paper here: verify
-#: against the PDF.) Scaled by the cores each GPU's rank has (:func:`cores_per_gpu`) with no further
-#: correction: the AMD EPYC 7742 (DGX A100) runs DeepSpeed's AVX2 path, the paper's Xeon AVX-512
-#: (not rescaled), and the rate is taken as linear in cores. The host's DRAM does not bind first on
-#: the catalog's DGX nodes (checked, not modelled): the update reads 16 B (fp32 parameter, gradient,
-#: two moments) and writes 14 B (parameter, moments, 16-bit copy) a parameter, 30 B; an EPYC 7742
-#: socket's 8 channels of DDR4-3200 (AMD's product page: 204.8 GB/s) shared by 4 GPUs give 1.7e9
-#: parameters a second each, above the 16 cores' 1.3e9.
+#: Democratizing Billion-Scale Model Training" (USENIX ATC'21, arXiv 2101.06840), Table 4 "Adam
+#: latency (s) for PyTorch (PT) and CPU-Adam" (section 6.2.4; Table 3 there is the model configurations),
+#: CPU-Adam column: 1, 2, 4, 8, 10 billion parameters in 0.22, 0.51, 1.03, 2.41, 2.57 s (PT-CPU 1.39,
+#: 2.75, 5.71, 11.93, 14.76 s), read from the table's image in Elvin-Ma/ai_papers at 75574b0e
+#: (zero/images/zero-offload-table4.jpg; the arXiv PDF itself was not reachable here). Host: the
+#: paper's Table 2, one DGX-2 node, "2 Intel Xeon Platinum 8168 Processors", 1.5 TB DDR4-2666; 24 cores
+#: each (Intel's product page): 48 cores. Per core = parameters / (latency x 48): 94.7, 81.7, 80.9,
+#: 69.2, 81.1e6 for the five rows; the 10B row, 10e9 / (2.57 x 48) = 81.1e6, is the rows' median and
+#: the largest size (the 1B row's 94.7e6 the outlier). Assumed, as the paper does not say: the
+#: benchmark ran one process over all 48 cores (section 5.1: "OMP multithreading ... multiple cores
+#: and threads"), and "billion" is 1e9 (if 2^30, as DeepSpeed's tests/perf/adam_test1.py sizes its
+#: "1B", every rate is 7.4% higher). The paper's CPU-Adam is its AVX-512 build (section 5.1: "AVX512
+#: SIMD instruction set and an unroll width of 8"; DeepSpeed's docs/_pages/training.md at edaa722:
+#: the 5.1x-6.5x over torch's Adam is "Using AVX-512"); DeepSpeed builds AVX2 by default and the AMD
+#: EPYC 7742 (DGX A100) runs AVX2: not rescaled, because the table's rate is not SIMD-bound: 30 B a
+#: parameter (reads 16: fp32 parameter, gradient, two moments; writes 14: those three and the 16-bit
+#: copy) x 10e9 / 2.57 s = 117 GB/s, 46% of the DGX-2 host's DRAM peak (2 sockets x 6 channels x
+#: DDR4-2666 21.3 GB/s = 256 GB/s), so the measured rate sits nearer the DRAM bound than the FMA bound
+#: (81.1e6 a core at 2.7 GHz is 33 cycles a parameter), and whether the 48 cores or the DRAM set it the
+#: table does not tell. Scaled by the cores each GPU's rank has (:func:`cores_per_gpu`), taken as
+#: linear in cores. The host's DRAM does not bind first on the catalog's DGX nodes (checked, not
+#: modelled): an EPYC 7742 socket's 8 channels of DDR4-3200 (AMD's product page: 204.8 GB/s) shared
+#: by 4 GPUs give 1.7e9 parameters a second each at 30 B, above the 16 cores' 1.3e9.
 CPU_ADAM_PARAMS_PER_S_PER_CORE = 10e9 / 2.57 / 48
 
 #: Bytes per partition element of the fp32 state DeepSpeed keeps on the host (module docstring):

@@ -111,7 +111,7 @@ def fused_gemms(c: Cost, phase: str, recompute: Optional[bool], framework: str, 
     """``{block: {"ag" | "rs": (seconds, pieces)}}`` of the async-TP fused GEMMs among ``c``'s
     ops of ``phase`` and ``recompute`` (a replayed forward GEMM as its forward), summed per side
     (:func:`meshplan.compute.asynctp.pieces`; an all-gather feeds several GEMMs); ``rowwise``:
-    the float8 rowwise Linears (``Workload.fp8_rowwise``), whose gathers do not fuse."""
+    the float8 Linears under plain TP (``Workload.plain_tp_float8``), whose gathers do not fuse."""
     out: dict = {}
     for o in c.ops:
         if o.kind != "gemm" or o.phase != phase or recompute not in (None, o.recompute):
@@ -228,8 +228,9 @@ def _slots(s: StreamSim, phase: Optional[str], at: At, block: Optional[Block] = 
 
 
 def _rowwise(w: Workload) -> frozenset:
-    """The float8 rowwise Linears of ``w`` (none unless ``fp8_rowwise``)."""
-    return w.float8_gemms if w.fp8_rowwise and w.linear_dtype == "fp8" else frozenset()
+    """The float8 Linears of ``w`` under plain TP (none unless ``Workload.plain_tp_float8``:
+    rowwise, or tensorwise without float8 TP), whose gathers do not fuse."""
+    return w.float8_gemms if w.plain_tp_float8 and w.linear_dtype == "fp8" else frozenset()
 
 
 def replay_scatters(w: Workload, phase: str) -> tuple[bool, bool]:

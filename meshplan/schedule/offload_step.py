@@ -71,4 +71,5 @@ def offload_line(summary) -> list[str]:
     return [f"offload (DeepSpeed ZeRO-Offload, in compute above: the GPU waits): {words}; "
             f"{sum(e.dur_s for e in rows) * 1e3:.2f} ms in all (meshplan.memory.offload: the rates and their sources; "
             f"assumed: CPU Adam at {CPU_ADAM_PARAMS_PER_S_PER_CORE / 1e6:.1f}e6 parameters/s a core with "
-            "--bind_cores_to_rank, ZeRO-Offload's Table 3 not re-read, and PCIe at line rate)"]
+            "--bind_cores_to_rank, ZeRO-Offload's Table 4 rate on a DGX-2's 48 Xeon cores taken as linear in "
+            "cores, and PCIe at line rate)"]

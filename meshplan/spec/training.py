@@ -316,6 +316,13 @@ class TrainingSpec(TrainingChecks):
     dtype.
     ``fp8_output_layer``: the output layer is converted too (torchtitan's ``filter_fqns``
     without "output"; default: excluded, as torchtitan's presets and Megatron-LM do).
+    ``fp8_tp``: whether torchtitan applies torchao's float8 TP styles to the tensorwise float8
+    Linears (default true, :meth:`float8_tp_gathers`); false: torch's plain TP, the gathers in
+    the compute dtype and the casts after them, as under rowwise. torchtitan's parallelize checks
+    the converter name ``"float8"`` (``enable_float8_linear = "float8" in
+    job_config.model.converters``, ``models/llama3/infra/parallelize.py``:77 at 73a0e69, v0.2.2),
+    which its registry renamed ``"quantize.linear.float8"`` (8a2686c, 2025-09-30): a job TOML with
+    that name runs its float8 GEMMs under plain TP (:mod:`meshplan.interop.torchtitan_float8`).
     ``fp8_param_gather``: Megatron-LM's ``--fp8-param-gather`` (framework megatron, sharding zero1):
     Transformer Engine's linear weights are fp8 parameters (1 B a value, with their transpose on a
     TN-only GPU, no bf16 copy) and the distributed optimizer all-gathers them at 1 B a value

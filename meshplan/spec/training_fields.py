@@ -157,6 +157,7 @@ class TrainingFields(BaseModel):
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
+    fp8_tp: bool = True  # torchao's float8 TP styles (tensorwise, torch): TrainingSpec.float8_tp_gathers
     fp8_param_gather: bool = False
     moe_capacity_factor: Optional[float] = Field(default=None, gt=0)
     moe_dropless: Optional[bool] = None

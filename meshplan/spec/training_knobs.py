@@ -18,7 +18,8 @@ from meshplan.spec.training_fields import DEEPSPEED_ZERO3, FUSED_QKV_REVISIONS
 # the framework's layout of the same vocabulary (the loss is over V either way; unset it
 # follows ``framework``), so a knob with it.
 # The float8 settings are knobs: ``linear_dtype`` (which GEMMs run in float8), ``fp8_recipe``
-# and ``fp8_output_layer`` (how scaled, whether the head is converted), ``fp8_all_gather``
+# and ``fp8_output_layer`` (how scaled, whether the head is converted), ``fp8_tp`` (whether TP
+# gathers in float8), ``fp8_all_gather``
 # (the bytes FSDP gathers), ``fp8_param_gather`` (Megatron-LM's parameters kept and gathered in fp8): a float8 step and a bf16 step of one model, batch and sequence are
 # both timed and sized in full (the GEMMs at the fp8 peak, :meth:`float8_linear`), so compare
 # weighs float8 against bf16 as it weighs recompute (newcomer trial 29 was refused it).
@@ -39,12 +40,12 @@ PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_
               "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "pp_ep_overlap", "vocab_pad_divisor",
-              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "fp8_param_gather", "cp_attention", "cp_rotate",
+              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "fp8_tp", "fp8_param_gather", "cp_attention", "cp_rotate",
               "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
               "megatron_runtime", "dataloader_attention_mask", "recompute_modules", "pp_engine", "op_sac_policy")
 
 #: The float8 knobs that refine ``linear_dtype = "fp8"``: they act only on a side that runs it.
-_FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather", "fp8_param_gather")
+_FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_tp", "fp8_all_gather", "fp8_param_gather")
 
 
 class TrainingKnobs(TrainingEngines):
@@ -83,7 +84,7 @@ class TrainingKnobs(TrainingEngines):
         ``zero12_engine`` at zero1 and zero2 only, ``overlap_comm`` under a DeepSpeed engine that
         reads it (:attr:`overlaps_comm`), ``contiguous_gradients`` under DeepSpeed's ZeRO-3
         (:attr:`contiguous_grads`), ``linear_dtype`` as the dtype the Linear GEMMs run in (unset:
-        the compute dtype), ``fp8_recipe``, ``fp8_output_layer`` and ``fp8_all_gather`` under
+        the compute dtype), ``fp8_recipe``, ``fp8_output_layer``, ``fp8_tp`` and ``fp8_all_gather`` under
         ``linear_dtype = "fp8"`` only, ``cp_attention`` as :attr:`cp_kind` (unset: the framework's
         default), ``megatron_runtime`` under framework megatron as the generation it plans (unset:
         ``"2022"``), ``dataloader_attention_mask`` under that ``"core"`` generation as

@@ -88,7 +88,8 @@ class TrainingPrecision(TrainingKnobs):
     def float8_tp_gathers(self) -> bool:
         """Whether TP (under sequence parallelism) all-gathers the float8 Linears' inputs and
         output gradients in float8: float8 Linears (``linear_dtype``) with tensorwise scaling
-        (``fp8_recipe``) under ``framework = "torch"``. torchtitan applies torchao's float8 TP
+        (``fp8_recipe``) under ``framework = "torch"``, unless ``fp8_tp`` is false (a torchtitan whose
+        parallelize does not see its converter's name, :mod:`meshplan.interop.torchtitan_float8`). torchtitan applies torchao's float8 TP
         styles then (9dec370 ``parallelisms/parallelize_llama.py`` ``apply_tp``; 820504e
         ``models/llama3/parallelize_llama.py``: ``enable_float8_tensorwise_tp = enable_float8_linear
         and not float8_is_rowwise``), and torchao (eab345c ``torchao/float8/float8_tensor_parallel.py``)
@@ -107,8 +108,11 @@ class TrainingPrecision(TrainingKnobs):
         >>> t = TrainingSpec(global_batch=8, seq_len=16, linear_dtype="fp8")
         >>> t.float8_tp_gathers, t.model_copy(update={"fp8_recipe": "rowwise"}).float8_tp_gathers
         (True, False)
+        >>> t.model_copy(update={"fp8_tp": False}).float8_tp_gathers
+        False
         """
-        return self.linear_dtype == "fp8" and self.fp8_recipe == "tensorwise" and self.framework == "torch"
+        return self.linear_dtype == "fp8" and self.fp8_recipe == "tensorwise" and self.framework == "torch" \
+            and self.fp8_tp
 
     @property
     def peak_dtype(self) -> Dtype:
