@@ -194,7 +194,7 @@ def _run_app(argv: Optional[list[str]]) -> Any:
             print(f"error: {one}", file=sys.stderr)
         sys.exit(2)
     except _USAGE_ERROR as e:
-        line = _usage_line(e)
+        line = _usage_line(e, sys.argv[1:] if argv is None else argv)
         if line is None:
             e.show()
         else:
