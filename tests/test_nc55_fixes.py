@@ -30,3 +30,45 @@ def test_a_number_option_that_does_not_parse_is_one_line_in_our_words(args, line
     assert (code, out) == (2, "")
     head, cmd = line.split("; see meshplan ")
     assert len(err.splitlines()) == 1 and err.startswith(head + "; see ") and err.endswith(f" {cmd}\n"), err
+
+
+# ---------------------------------------------------------------- #14 checkpoint.enable listed unused
+
+_TT = """[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 1
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+"""
+
+
+@pytest.mark.parametrize("table,note", [
+    # enable = false (the trial's llama3_70b.toml): no checkpoint saved, both keys unused, and why
+    ("[checkpoint]\nenable = false\ninterval = 500\n",
+     "note: torchtitan: checkpoint: enable = false (torchtitan's default): the job saves no checkpoint, so "
+     "checkpoint.enable and checkpoint.interval are listed unused; with enable = true meshplan reads the interval as "
+     "[reliability] checkpoint_interval_steps (meshplan reliability sets it beside the optimal interval)"),
+    # only an interval: enable unset is torchtitan's default False (job_config.py class Checkpoint)
+    ("[checkpoint]\ninterval = 100\n",
+     "note: torchtitan: checkpoint: enable unset (torchtitan's default, false): the job saves no checkpoint, so "
+     "checkpoint.interval is listed unused; with enable = true meshplan reads the interval as [reliability] "
+     "checkpoint_interval_steps (meshplan reliability sets it beside the optimal interval)"),
+    # enable = true: the interval is read (checkpoint_interval_steps = 100), neither key unused, no note
+    ("[checkpoint]\nenable = true\ninterval = 100\n", None),
+])
+def test_checkpoint_keys_listed_unused_say_why(table, note, tmp_path, capsys):
+    job, out = tmp_path / "job.toml", tmp_path / "plan.toml"
+    job.write_text(_TT + table)
+    code, said, err = run_cli(["import", "torchtitan", job, "--cluster", "dgx-h100", "--nodes", "1", "-o", out], capsys)
+    assert code == 0, err
+    err = said + err  # the notes, wherever the command prints them
+    written = out.read_text()
+    unused = next((line for line in err.splitlines() if "fields meshplan does not use" in line), "")
+    notes = [line for line in err.splitlines() if line.startswith("note: torchtitan: checkpoint:")]
+    if note is None:
+        assert notes == [] and "checkpoint." not in unused and "checkpoint_interval_steps = 100" in written
+    else:
+        assert notes == [note] and "checkpoint.interval" in unused and "checkpoint_interval_steps =" not in written

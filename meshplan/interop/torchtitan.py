@@ -134,7 +134,7 @@ from meshplan.interop.common import (
     seq_len_of,
     table_model,
 )
-from meshplan.interop.torchtitan_checkpoint import read_checkpoint
+from meshplan.interop.torchtitan_checkpoint import checkpoint_note, read_checkpoint
 from meshplan.interop.torchtitan_ep import read_backend, read_etp
 from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, read_float8
@@ -365,6 +365,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     family = str(d.get("model", {}).get("name", "llama3"))  # torchtitan's default model.name
     tables["training"] |= read_backend(par, model_is_moe(model), notes, family)
     checkpoint, saved = read_checkpoint(d)
+    notes += [n for n in [checkpoint_note(d)] if n]  # why its keys are listed unused (nc55 #14)
     tables |= {"reliability": checkpoint} if checkpoint else {}
     unused = tuple(k for k in flatten(d) if k not in USED | used | saved)
     named = {"name": "llama3", "flavor": "debugmodel"} | d.get("model", {})  # torchtitan's defaults
