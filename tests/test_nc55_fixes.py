@@ -72,3 +72,26 @@ def test_checkpoint_keys_listed_unused_say_why(table, note, tmp_path, capsys):
         assert notes == [] and "checkpoint." not in unused and "checkpoint_interval_steps = 100" in written
     else:
         assert notes == [note] and "checkpoint.interval" in unused and "checkpoint_interval_steps =" not in written
+
+
+# ---------------------------------------------------------------- #6 the launch scripts' exit status
+
+def test_launch_scripts_refuse_with_the_exit_status_the_docs_give(tmp_path):
+    """README's launch row and docs/commands.md say the scripts exit 1 on a host that is not the
+    plan's node; torchrun.sh exited 2 (bind.sh 1). Every refusal of either script is now exit 1."""
+    from pathlib import Path
+
+    from meshplan.placement.assign import place
+    from meshplan.placement.launch import LaunchOptions, write_launch
+    from meshplan.catalog import system
+
+    write_launch(tmp_path, place(system("dgx-h100", 2), 16),
+                 LaunchOptions(program=("python", "t.py"), hosts=("gpu-a", "gpu-b"), rdzv_endpoint="gpu-a:1"))
+    for script in ("torchrun.sh", "bind.sh"):
+        text = (tmp_path / script).read_text()
+        assert "exit 2" not in text and "exit 1" in text, script
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    assert "`torchrun.sh` and `bind.sh` exit 1 (one line) on a host that is not the node the plan puts there" in readme
+    assert "of the plan, no node rank at all (several nodes) or no rendezvous endpoint: one line and exit 1, as bind.sh" \
+        in (root / "docs" / "commands.md").read_text().replace("\n  ", " ")
