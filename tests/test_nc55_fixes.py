@@ -95,3 +95,41 @@ def test_launch_scripts_refuse_with_the_exit_status_the_docs_give(tmp_path):
     assert "`torchrun.sh` and `bind.sh` exit 1 (one line) on a host that is not the node the plan puts there" in readme
     assert "of the plan, no node rank at all (several nodes) or no rendezvous endpoint: one line and exit 1, as bind.sh" \
         in (root / "docs" / "commands.md").read_text().replace("\n  ", " ")
+
+
+# ---------------------------------------------------------------- #2 the fix of a -1 that cannot be inferred
+
+_70B_64N = """[model]
+catalog = "llama3-70b"
+[cluster]
+system = "dgx-h100"
+nodes = 64
+[training]
+global_batch = 512
+seq_len = 8192
+micro_batch = 8
+sharding = "zero3"
+recompute = "full"
+[mesh]
+names = {names}
+shape = {shape}
+sequence_parallel = true
+"""
+
+
+@pytest.mark.parametrize("command", ["plan", "export"])
+def test_minus_one_fix_offers_only_what_the_plan_accepts(command, tmp_path, capsys):
+    """The trial's imported Llama 3 70B job (64 dgx-h100 = 512 GPUs, global batch 512, micro-batch 8)
+    with pp 3 x tp 8 = 24, which does not divide 512, so dp_shard = -1 has nothing to infer. With tp 8
+    kept, pp must divide 512 / 8 = 64: 1, 2, 4, 8, 16, 32, 64; the plan's layer rule keeps those
+    dividing the 80 layers (80 / 32 = 2.5 and 80 / 64 = 1.25 are refused without a pp_layer_split),
+    so pp 1, 2, 4, 8 or 16. 24 ranks fill lcm(24, 8) = 24 GPUs, 3 nodes, but there pp 3 splits 80
+    layers into 26.67 a stage, refused too: no cluster.nodes fix (main offered pp 32, 64 and
+    cluster.nodes = 3). ``export`` gives the same line as ``plan``."""
+    cfg = tmp_path / "pp3.toml"
+    cfg.write_text(_70B_64N.format(names='["pp", "dp_shard", "tp"]', shape="[3, -1, 8]"))
+    extra = ["--to", "megatron", "-o", tmp_path / "m.args"] if command == "export" else []
+    code, out, err = run_cli([command, cfg, *extra], capsys)
+    assert (code, out) == (2, "")
+    assert err == ("error: mesh.shape: dp_shard = -1 cannot be inferred: pp 3 x tp 8 = 24 does not divide the "
+                   "cluster's 512 GPUs; fix: pp 1, 2, 4, 8 or 16 (a divisor of 512 / tp 8 that the plan's rules accept)\n")

@@ -21,7 +21,7 @@ from meshplan.cli.common import (
     _wrote,
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
-from meshplan.cli.loading import _notes
+from meshplan.cli.loading import _notes, checked_world_error
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
@@ -154,6 +154,9 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, foreign.fmt, foreign.options())
     _notes(cfg)
+    bad = None if cfg.origin else checked_world_error(cfg)  # a meshplan TOML: plan's refusal, its fixes checked
+    if bad is not None:
+        raise bad
     user, gone = carried_source(config, foreign.fmt, cfg)
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
     header, files = _write_export(cfg, to, out, str(config), force, user, gone)
