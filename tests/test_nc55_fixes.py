@@ -133,3 +133,50 @@ def test_minus_one_fix_offers_only_what_the_plan_accepts(command, tmp_path, caps
     assert (code, out) == (2, "")
     assert err == ("error: mesh.shape: dp_shard = -1 cannot be inferred: pp 3 x tp 8 = 24 does not divide the "
                    "cluster's 512 GPUs; fix: pp 1, 2, 4, 8 or 16 (a divisor of 512 / tp 8 that the plan's rules accept)\n")
+
+
+# ---------------------------------------------------------------- #3 a tp the model refuses: exit 1 in every format
+
+def _titan_70b_tp3(tmp_path):
+    """The shipped torchtitan example as the trial's bad_tp.toml: Llama 3 70B (64 q heads, 8 KV heads,
+    ffn 28672), tensor_parallel_degree 3, data_parallel_shard_degree -1."""
+    from tests.conftest import EXAMPLES
+    text = (EXAMPLES / "torchtitan_llama3-8b_8xh100.toml").read_text()
+    assert 'flavor = "8B"' in text and "tensor_parallel_degree = 1" in text
+    p = tmp_path / "bad_tp.toml"
+    p.write_text(text.replace('flavor = "8B"', 'flavor = "70B"').replace("tensor_parallel_degree = 1",
+                                                                          "tensor_parallel_degree = 3"))
+    return p
+
+
+#: 64 dgx-h100 = 512 GPUs; 512 = 3 x 170 + 2, so dp_shard -1 has nothing to infer, and tp 3 divides neither
+#: the 64 q heads (64 = 3 x 21 + 1) nor ffn 28672 (= 3 x 9557 + 1): the model's fault first, exit 1
+TT_TP3 = ("infeasible: parallelism.tensor_parallel_degree: tp 3 does not divide q_heads 64, ffn 28672 or the node's "
+          "8 GPUs (tp splits the attention heads and the MLP over its ranks, a group inside a node); use 1, 2, 4 or 8")
+
+
+@pytest.mark.parametrize("command", [["plan"], ["step"], ["import", "torchtitan"], ["import", "auto"]])
+def test_torchtitan_tp_the_model_refuses_is_infeasible_exit_1(command, tmp_path, capsys):
+    out = tmp_path / "x.toml"
+    extra = ["-o", out] if command[0] == "import" else ["--json", tmp_path / "x.json"]
+    code, said, err = run_cli([*command, _titan_70b_tp3(tmp_path), "--cluster", "dgx-h100", "--nodes", "64", *extra],
+                              capsys)
+    assert (code, said, err) == (1, "", TT_TP3 + "\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_tp.toml"]  # no mesh, no global batch: nothing written
+
+
+def test_meshplan_toml_with_the_same_tp_is_infeasible_exit_1_too(tmp_path, capsys):
+    """The meshplan side of the same mistake ([-1, 3] of the 70B job on 512 GPUs), exit 2 before
+    (the -1's world error, whose fix offered tp 1 ... 512 and cluster.nodes = 3): the tp rules'
+    reasons, as on 24 GPUs where the -1 resolves (q heads, ffn; with SP 8192 = 3 x 2730 + 2 is no
+    multiple of 3), then the -1. The JSON is written, feasible false."""
+    import json
+    cfg = tmp_path / "tp3.toml"
+    cfg.write_text(_70B_64N.format(names='["dp_shard", "tp"]', shape="[-1, 3]"))
+    code, said, err = run_cli(["plan", cfg, "--json", tmp_path / "p.json"], capsys)
+    reasons = ["q_heads 64 is not divisible by tp 3", "ffn 28672 is not divisible by tp 3",
+               "sequence parallel: local seq = seq_len 8192 / cp 1 = 8192 is not a multiple of tp 3",
+               "dp_shard = -1 cannot be inferred: world 512 is not divisible by tp 3 = 3"]
+    assert code == 1 and err.splitlines() == [f"infeasible: {r}" for r in reasons]
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["feasible"] is False and doc["reasons"] == reasons

@@ -25,7 +25,7 @@ from meshplan.interop.file_words import file_error
 from meshplan.interop.foreign import load_any
 from meshplan.interop.world_words import foreign_world_error
 from meshplan.mesh.resolve import world_error
-from meshplan.mesh.validity import input_error
+from meshplan.mesh.validity import input_error, unresolved_reasons
 from meshplan.placement.topology import load_topology
 from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology, topology_notes
 from meshplan.plan import Infeasible, Plan, build_plan
@@ -66,7 +66,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[C
         raise file_error(cfg, e if cfg is read else renamed(e, str(schedule))) from None
     if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
         bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
-            None if unresolved else checked_world_error(cfg)
+            None if unresolved or unresolved_reasons(cfg.model, cfg.training, cfg.mesh) else checked_world_error(cfg)
         if bad is not None:  # a foreign file's in its own keys (the world's by its own words)
             world = foreign_world_error(cfg, bad)
             raise file_error(cfg, bad) if world is bad else world

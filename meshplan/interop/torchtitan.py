@@ -120,7 +120,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshplan import catalog
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, InfeasibleInput
 from meshplan.interop.common import (
     Imported,
     ImportOptions,
@@ -335,8 +335,9 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     if shard < 1:  # the real constraint first: a tp that splits neither the model nor the node (issue 11)
         spec = table_model(model)
         misfit = spec and tp_misfit(spec, deg["tp"], catalog.node(cluster["system"]).gpus)
-        if misfit:
-            raise ConfigError("parallelism.tensor_parallel_degree", misfit)
+        if misfit:  # the model's (a tp 3 of 64 heads: infeasible, exit 1), else the node's (malformed, exit 2)
+            model_fault = spec is not None and tp_misfit(spec, deg["tp"], deg["tp"]) is not None
+            raise (InfeasibleInput if model_fault else ConfigError)("parallelism.tensor_parallel_degree", misfit)
         raise ConfigError("parallelism.data_parallel_shard_degree", f"-1 cannot be inferred: world {world} is not "
                           f"divisible by pp * dp_replicate * cp * tp = {dense}; give --nodes so that the world is a "
                           f"multiple of {dense}")

@@ -183,6 +183,11 @@ def _pairs(spec: MeshSpec) -> list[tuple[str, int]]:
     raise ConfigError("mesh", "give either names + shape or order + degrees")
 
 
+def given_pairs(spec: MeshSpec) -> list[tuple[str, int]]:
+    """(axis, degree as given, -1 kept) of ``spec``, outermost first (names + shape, or order + degrees)."""
+    return _pairs(spec)
+
+
 def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0,
                 check: Optional[Checker] = None, filled: tuple[str, ...] = ()) -> ConfigError | None:
     """The input error of degrees that cannot make ``world`` ranks (``mesh.world`` when set),
