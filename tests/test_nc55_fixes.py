@@ -180,3 +180,37 @@ def test_meshplan_toml_with_the_same_tp_is_infeasible_exit_1_too(tmp_path, capsy
     assert code == 1 and err.splitlines() == [f"infeasible: {r}" for r in reasons]
     doc = json.loads((tmp_path / "p.json").read_text())
     assert doc["feasible"] is False and doc["reasons"] == reasons
+
+
+# ---------------------------------------------------------------- #1 import auto of a TOML that does not parse
+
+@pytest.mark.parametrize("text,says", [
+    # the trial's bad_syntax.toml: torchtitan's llama3 job with "seq_len = = 8192" on its line 6 here;
+    # tomllib stops at the second "=" (Invalid value), which parse_toml names by its key and line
+    ("[job]\ndump_folder = \"./outputs\"\n[model]\nname = \"llama3\"\n[training]\nseq_len = = 8192\n",
+     "config: {p}: not valid TOML (training.seq_len (line 6): Invalid value)"),
+    # "[model" with no "]": tomllib's own words, with the line and column
+    ("[model\ncatalog = \"llama3-8b\"\n",
+     "config: {p}: not valid TOML (Expected ']' at the end of a table declaration (at line 1, column 7))"),
+    ("", "config: {p} is empty (no table, no key): give the torchtitan job TOML, Megatron-LM arguments or DeepSpeed "
+         "JSON to import"),
+    ("# only a comment\n\n", "config: {p} is empty (no table, no key): give the torchtitan job TOML, Megatron-LM "
+                             "arguments or DeepSpeed JSON to import"),
+])
+def test_import_auto_says_a_toml_does_not_parse_before_guessing_its_format(text, says, tmp_path, capsys):
+    p = tmp_path / "job.toml"
+    p.write_text(text)
+    code, out, err = run_cli(["import", "auto", p, "--cluster", "dgx-h100", "--nodes", "1", "-o", tmp_path / "x.toml"],
+                             capsys)
+    assert (code, out, err) == (2, "", f"error: {says.format(p=p)}\n")
+    if text.startswith("[job]"):  # the same line as import torchtitan and plan of the file
+        for argv in (["import", "torchtitan", p, "--cluster", "dgx-h100", "--nodes", "1"], ["plan", p]):
+            assert run_cli(argv, capsys)[2] == err
+    assert not (tmp_path / "x.toml").exists()
+
+
+def test_import_auto_of_a_meshplan_toml_still_names_format(tmp_path, capsys):
+    from tests.conftest import EXAMPLES
+    cfg = EXAMPLES / "mini_2x4_tp2-dp4.toml"
+    code, out, err = run_cli(["import", "auto", cfg], capsys)
+    assert (code, err) == (2, f"error: --format: {cfg} is already a meshplan TOML\n")
