@@ -116,7 +116,8 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     Megatron-LM arguments (file or launch script) or DeepSpeed JSON and write the meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); the
     TOML's [source] table names the file, so that export of the TOML carries them as export of the file does;
     what the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
-    options."""
+    options. Exit 1, nothing written, for a torchtitan tensor_parallel_degree the model refuses where
+    data_parallel_shard_degree -1 has nothing to infer (no mesh, no global batch to write)."""
 
     if fmt not in ("auto",) + FORMATS[1:]:
         raise ConfigError("FORMAT", f"{fmt!r}; use torchtitan, megatron, deepspeed or auto")
