@@ -122,6 +122,15 @@ class ConfigErrors(ConfigError):
         return type(self), (self.errors,)
 
 
+class InfeasibleInput(ConfigError):
+    """A foreign config its reader finds infeasible before any plan can be made of it: a torchtitan
+    job whose ``tensor_parallel_degree`` does not split the model and leaves
+    ``data_parallel_shard_degree = -1`` nothing to infer (no mesh, no global batch to write). The
+    mesh's fault, not malformed input: the CLI prints ``infeasible: <field>: <what>`` and exits 1, as
+    for an infeasible plan (docs/commands.md "Exit codes"; newcomer trial nc55 #3). One line, as
+    ConfigError, which it is for every caller that only asks whether the input reads."""
+
+
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be loaded as asked: missing or incomplete, or holding state
     that cannot be resharded to the new mesh (handed case C13). One line, as ConfigError."""

@@ -38,7 +38,7 @@ from meshplan.mesh import resolve
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.layout import check_partition
 from meshplan.mesh.resolve import Mesh, resolve_mesh
-from meshplan.mesh.validity import check
+from meshplan.mesh.validity import check, unresolved_reasons
 from meshplan.pipeline.registry import check_chunks, check_framework
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.placement.assign import Placement, place
@@ -238,8 +238,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     check_runnable(config, spec, mesh)
     if constraints is None:
         constraints = cons.constraints(m, t, c, world)
-    if isinstance(mesh, resolve.Infeasible):
-        return Infeasible(config, spec, world, mesh.reasons, constraints)
+    if isinstance(mesh, resolve.Infeasible):  # a tp the model refuses named first (unresolved_reasons)
+        return Infeasible(config, spec, world, unresolved_reasons(m, t, spec) + mesh.reasons, constraints)
     # reshard_after_forward unset: this mesh's default (TrainingSpec.at_pp); fp8_all_gather as torchtitan runs it
     t = t.at_pp(mesh.degree("pp")).at_dp_shard(mesh.degree("dp_shard") * mesh.degree("dp"))
     asked = config.fp8_all_gather_asked or (config.training.fp8_all_gather and not t.fp8_all_gather)

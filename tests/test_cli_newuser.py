@@ -183,12 +183,13 @@ def test_torchtitan_tp3_names_the_tp_rule_first(tmp_path):
     """torchtitan tp 3, Llama 3 70B (64 q heads, ffn 28672) on 8 dgx-h100 nodes: the -1
     dp_shard cannot be inferred (64 / 3), but the fix is tp, not --nodes (6 nodes would give
     'q_heads 64 is not divisible by tp 3'): the line names what tp must divide and the
-    degrees that do."""
+    degrees that do. A tp that does not divide the model is the mesh's fault: infeasible, exit 1, as the
+    same tp in a meshplan TOML (docs/commands.md "Exit codes"; it was exit 2 until nc55 #3)."""
     r = _run("plan", _titan_tp3(tmp_path), "--cluster", "dgx-h100", "--nodes", "8")
-    assert (r.returncode, r.stdout) == (2, "")
+    assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr.splitlines()[-1] == (
-        "error: parallelism.tensor_parallel_degree: tp 3 does not divide q_heads 64, ffn 28672 or the node's 8 GPUs "
-        "(tp splits the attention heads and the MLP over its ranks, a group inside a node); use 1, 2, 4 or 8")
+        "infeasible: parallelism.tensor_parallel_degree: tp 3 does not divide q_heads 64, ffn 28672 or the node's 8 "
+        "GPUs (tp splits the attention heads and the MLP over its ranks, a group inside a node); use 1, 2, 4 or 8")
 
 
 def test_tp3_on_8_gpu_nodes_is_not_told_to_reorder_axes(tmp_path):

@@ -231,7 +231,9 @@ def test_another_cluster_is_refused_not_called_identical(tmp_path, capsys):
     rc, out, err = run_cli(["compare", seed, batch, "--out", tmp_path / "cmp"], capsys)
     assert (rc, err) == (2, "error: compare: training.global_batch differs: seed-64gpu 512, gb256 256; compare "
                             "weighs two plans of one workload: give both the same training.global_batch; only the "
-                            "mesh and the plan's knobs (micro_batch, recompute, sharding ...) may differ\n")
+                            "mesh and the plan's knobs (micro_batch, recompute, sharding ...) may differ; to weigh "
+                            "two workloads (a before/after that changes the batch), run meshplan step on each "
+                            "(tokens/s per GPU and MFU compare them), or meshplan search on one for its best mesh\n")
 
 
 def test_knobs_differ_search_top_against_the_seed(tmp_path, capsys):

@@ -503,7 +503,9 @@ def test_cli_import_writes_and_refuses_to_overwrite(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "note: torchtitan: fields meshplan does not use: job.dump_folder" in r.stdout
     text = out.read_text()
-    assert text.startswith(f"# meshplan import torchtitan {TT}\n# note: torchtitan: fields meshplan does not use")
+    # the example's [checkpoint] enable = false: a note says why its keys are unused (nc55 #14), then the list
+    assert text.startswith(f"# meshplan import torchtitan {TT}\n# note: torchtitan: checkpoint: enable = false ")
+    assert "\n# note: torchtitan: fields meshplan does not use: job.dump_folder" in text
     assert load_config(out).training.global_batch == 8
     r = _cli("import", "torchtitan", str(TT), "--cluster", "dgx-h100", "--nodes", "1", "-o", str(out))
     assert (r.returncode, r.stderr) == (2, f"error: -o: {out} exists; choose another path or pass --force to "

@@ -195,7 +195,8 @@ def test_torchrun_sh_passes_the_rendezvous_and_node_rank(tmp_path):
                       ({"NODE_RANK": "2"}, "node rank 2 (NODE_RANK, else SLURM_NODEID) is not a node of the plan (0-1)"),
                       ({"SLURM_NODEID": "01"}, "node rank 01 (NODE_RANK")):
         r = run(**env)
-        assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1 and says in r.stderr
+        # exit 1 as bind.sh's refusals and docs/commands.md (it was 2 until nc55 #6)
+        assert r.returncode == 1 and r.stdout == "" and len(r.stderr.splitlines()) == 1 and says in r.stderr
 
 
 def test_torchrun_sh_takes_the_node_rank_from_the_plans_host_list(tmp_path):
@@ -207,11 +208,11 @@ def test_torchrun_sh_takes_the_node_rank_from_the_plans_host_list(tmp_path):
     assert "--node-rank=1" in json.loads(run(SLURMD_NODENAME="gpu-a", SLURM_NODEID="0").stdout)
     assert "--node-rank=0" in json.loads(run(SLURMD_NODENAME="gpu-b.cluster.local", NODE_RANK="0").stdout)
     r = run(SLURMD_NODENAME="gpu-c", SLURM_NODEID="0")
-    assert r.returncode == 2 and r.stderr == ("meshplan torchrun.sh: host gpu-c is not one of the plan's hosts (gpu-b "
+    assert r.returncode == 1 and r.stderr == ("meshplan torchrun.sh: host gpu-c is not one of the plan's hosts (gpu-b "
                                               "gpu-a): run it there, or write the launch again with meshplan launch "
                                               "--hosts\n")
     r = run(SLURMD_NODENAME="gpu-a", NODE_RANK="0")
-    assert r.returncode == 2 and r.stderr == ("meshplan torchrun.sh: NODE_RANK=0, but host gpu-a is node 1 of the plan "
+    assert r.returncode == 1 and r.stderr == ("meshplan torchrun.sh: NODE_RANK=0, but host gpu-a is node 1 of the plan "
                                               "(gpu-b gpu-a)\n")
     # without --rdzv-endpoint, gpu-b (the plan's node 0) at --port in job.sbatch and torchrun.sh
     s = tmp_path / "s"
@@ -259,7 +260,7 @@ def test_torchrun_sh_without_an_endpoint_says_what_to_set(tmp_path):
     write_launch(tmp_path, place(system("dgx-h100", 1), 8), LaunchOptions(program=("python", "t.py")))
     env = {k: v for k, v in os.environ.items() if k != "MESHPLAN_RDZV_ENDPOINT"}
     r = subprocess.run(["sh", str(tmp_path / "torchrun.sh")], capture_output=True, text=True, env=env, timeout=30)
-    assert r.returncode == 2 and "set MESHPLAN_RDZV_ENDPOINT" in r.stderr
+    assert r.returncode == 1 and "set MESHPLAN_RDZV_ENDPOINT" in r.stderr
 
 
 def test_sbatch_script_under_fake_slurm(tmp_path):

@@ -203,6 +203,7 @@ def test_torchtitan_interval_in_seconds_is_not_read_as_steps(tmp_path, capsys):
                             "-o", tmp_path / "j.toml"], capsys)
     assert code == 0, err
     text = (tmp_path / "j.toml").read_text()
-    assert "checkpoint_interval_steps" not in text
+    assert "checkpoint_interval_steps =" not in text  # no value written (nc55 #14's note names the key)
+    assert "interval_type = 'seconds': the interval counts seconds, not the steps meshplan plans" in text
     assert ("# note: torchtitan: fields meshplan does not use: checkpoint.enable_checkpoint, checkpoint.folder, "
             "checkpoint.interval_type, checkpoint.interval\n") in text

@@ -83,7 +83,9 @@ def test_compare_names_every_differing_workload_field(tmp_path):
     assert r.stderr == ("error: compare: training.grad_reduce_dtype differs: a bf16, b fp32; memory.dropout differs: "
                         "a false, b true; compare weighs two plans of one workload: give both the same "
                         "training.grad_reduce_dtype, memory.dropout; only the mesh and the plan's knobs (micro_batch, "
-                        "recompute, sharding ...) may differ\n")
+                        "recompute, sharding ...) may differ; to weigh two workloads (a before/after that changes "
+                        "the batch), run meshplan step on each (tokens/s per GPU and MFU compare them), or meshplan "
+                        "search on one for its best mesh\n")  # the way out added by nc55 #10
 
 
 def _four_nic_cluster() -> str:

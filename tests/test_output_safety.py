@@ -282,7 +282,8 @@ def test_validate_options_are_checked_before_anything_runs(opt, value, tmp_path)
 
 
 @pytest.mark.parametrize("args,field,words", [
-    (["plan", str(SEED), "--rank", "abc"], "--rank", "Input should be a valid integer"),
+    # typer's pydantic wording ("Input should be a valid integer, unable to parse ...") said in ours (nc55 #13)
+    (["plan", str(SEED), "--rank", "abc"], "--rank", "'abc' is not an integer; fix: give --rank a whole number"),
     (["export", str(SEED), "-o", "out.toml"], "--to", "Missing option '--to'"),
     (["plan", str(SEED), "--bogus"], "--bogus", "No such option: --bogus"),
     (["plan"], "config", "Missing argument 'config'")])

@@ -53,7 +53,7 @@ from meshplan.cli import (
 )
 from meshplan.cli.common import _inputs_guarded, _json_to_stdout
 from meshplan.cli.exits import _USAGE_ERROR, _exit_pipe_closed, _stdout_closed, _usage_line
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, InfeasibleInput
 
 __all__ = ["COMMANDS", "EXIT_CODES", "app", "main"]
 
@@ -189,12 +189,15 @@ def _run_app(argv: Optional[list[str]]) -> Any:
     try:
         rc = app(args=argv, standalone_mode=False)
         sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
+    except InfeasibleInput as e:  # the mesh's fault, found by a foreign reader: exit 1 as an infeasible plan
+        print(f"infeasible: {e}", file=sys.stderr)
+        sys.exit(1)
     except ConfigError as e:
         for one in getattr(e, "errors", [e]):  # ConfigErrors: one line each
             print(f"error: {one}", file=sys.stderr)
         sys.exit(2)
     except _USAGE_ERROR as e:
-        line = _usage_line(e)
+        line = _usage_line(e, sys.argv[1:] if argv is None else argv)
         if line is None:
             e.show()
         else:

@@ -8,7 +8,7 @@ import contextlib
 import errno
 import os
 import sys
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn, Optional, Sequence
 
 import typer
 
@@ -20,10 +20,11 @@ from meshplan.errors import printable
 _USAGE_ERROR: Any = typer.BadParameter.__mro__[1]  # click's UsageError (show(), exit_code)
 
 
-def _usage_line(e) -> Optional[str]:
+def _usage_line(e, argv: Sequence[str] = ()) -> Optional[str]:
     """A one-line ``error: <option>: <what is wrong>`` for a usage error whose message is one
     line (a value that does not parse, a missing or unknown option); None for the help text
-    shown when a group is called without a command."""
+    shown when a group is called without a command. A number that does not parse is said in
+    meshplan's words, with the value from ``argv`` (:func:`_not_a_number`)."""
     msg = e.format_message()
     if "\n" in msg.strip():
         return None
@@ -31,7 +32,33 @@ def _usage_line(e) -> Optional[str]:
     field = (param.opts[0] if param is not None and getattr(param, "opts", None) else
              getattr(e, "option_name", None) or (e.ctx.command_path if e.ctx is not None else "usage"))
     cmd = e.ctx.command_path if e.ctx is not None else "meshplan"
+    msg = _not_a_number(field, getattr(e, "message", msg), argv) or msg
     return printable(f"error: {field}: {msg.rstrip('.')}; see {cmd} --help")
+
+
+#: The message typer (0.2x, which converts option values with pydantic) gives a number that
+#: does not parse, and what meshplan says instead (newcomer trial nc55 #13: ``Invalid value for
+#: '--nodes': Input should be a valid integer, unable to parse string as an integer``).
+_NUMBER_WORDS = {"Input should be a valid integer": ("an integer", "a whole number"),
+                 "Input should be a valid number": ("a number", "a number (digits, a decimal point, an exponent)")}
+
+
+def _not_a_number(option: str, message: str, argv: Sequence[str]) -> Optional[str]:
+    """``'abc' is not an integer; fix: give --nodes a whole number`` for typer's message of a
+    value of ``option`` that does not parse as a number (None for other messages); the value is
+    the last one ``argv`` gives ``option`` (``--nodes abc`` or ``--nodes=abc``).
+
+    >>> _not_a_number("--nodes", "Input should be a valid integer, unable to parse string as an integer",
+    ...               ["plan", "x.toml", "--nodes", "abc"])
+    "'abc' is not an integer; fix: give --nodes a whole number"
+    """
+    kind = next((w for k, w in _NUMBER_WORDS.items() if message.startswith(k)), None)
+    if kind is None:
+        return None
+    given = [b for a, b in zip(argv, argv[1:]) if a == option] + [a.split("=", 1)[1] for a in argv
+                                                                  if a.startswith(option + "=")]
+    value = f"{given[-1]!r}" if given else "the value"
+    return f"{value} is not {kind[0]}; fix: give {option} {kind[1]}"
 
 
 #: The exit status of a command whose stdout was closed under it (``meshplan step ... | head -1``):

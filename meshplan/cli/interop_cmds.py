@@ -21,7 +21,7 @@ from meshplan.cli.common import (
     _wrote,
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
-from meshplan.cli.loading import _notes
+from meshplan.cli.loading import _notes, checked_world_error
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
@@ -118,7 +118,8 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     Megatron-LM arguments (file or launch script) or DeepSpeed JSON and write the meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); the
     TOML's [source] table names the file, so that export of the TOML carries them as export of the file does;
     what the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
-    options."""
+    options. Exit 1, nothing written, for a torchtitan tensor_parallel_degree the model refuses where
+    data_parallel_shard_degree -1 has nothing to infer (no mesh, no global batch to write)."""
 
     if fmt not in ("auto",) + FORMATS[1:]:
         raise ConfigError("FORMAT", f"{fmt!r}; use torchtitan, megatron, deepspeed or auto")
@@ -156,6 +157,9 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, foreign.fmt, foreign.options())
     _notes(cfg)
+    bad = None if cfg.origin else checked_world_error(cfg)  # a meshplan TOML: plan's refusal, its fixes checked
+    if bad is not None:
+        raise bad
     user, gone = carried_source(config, foreign.fmt, cfg)
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
     header, files = _write_export(cfg, to, out, str(config), force, user, gone)

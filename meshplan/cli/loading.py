@@ -25,7 +25,7 @@ from meshplan.interop.file_words import file_error
 from meshplan.interop.foreign import load_any
 from meshplan.interop.world_words import foreign_world_error
 from meshplan.mesh.resolve import world_error
-from meshplan.mesh.validity import input_error
+from meshplan.mesh.validity import input_error, unresolved_reasons
 from meshplan.placement.topology import load_topology
 from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology, topology_notes
 from meshplan.plan import Infeasible, Plan, build_plan
@@ -66,12 +66,21 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[C
         raise file_error(cfg, e if cfg is read else renamed(e, str(schedule))) from None
     if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
         bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
-            None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus, mesh_checker(cfg),
-                                                cfg.filled_axes)
+            None if unresolved or unresolved_reasons(cfg.model, cfg.training, cfg.mesh) else checked_world_error(cfg)
         if bad is not None:  # a foreign file's in its own keys (the world's by its own words)
             world = foreign_world_error(cfg, bad)
             raise file_error(cfg, bad) if world is bad else world
     return plan
+
+
+def checked_world_error(cfg) -> Optional[ConfigError]:
+    """:func:`~meshplan.mesh.resolve.world_error` of ``cfg``'s mesh with each fix checked by the
+    plan's rules (:func:`~meshplan.plan_fix_rules.mesh_checker`), None where its degrees make the
+    world; the one refusal of degrees that cannot make it, for ``plan`` (:func:`_load`) and
+    ``export`` alike (``export`` was told a ``cluster.nodes`` fix the rules refuse, nc55 #2)."""
+    if cfg.mesh is None:
+        return None
+    return world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus, mesh_checker(cfg), cfg.filled_axes)
 
 
 def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Calibrations] = None,

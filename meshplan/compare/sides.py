@@ -208,7 +208,8 @@ def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,
     """The two configs' :class:`~meshplan.compare.differences.Differences`; a ConfigError naming each
     workload field that differs (the first :data:`WORKLOAD_SHOWN`, the rest counted; one when the
     cluster differs) with its two values (a comparison weighs plans of one workload
-    on one cluster: a faster GPU or a larger batch is not a better mesh)."""
+    on one cluster: a faster GPU or a larger batch is not a better mesh); the line says what to run
+    instead: ``meshplan step`` on each side, or ``meshplan search`` on one (newcomer trial nc55 #10)."""
     d = config_differences(plan_a.config, plan_b.config)
     d = Differences(d.workload, tuple(k for k in d.knobs if k[0] != "mesh.pp_layer_split"
                                       or _split(plan_a, k[1]) != _split(plan_b, k[2])))
@@ -223,7 +224,9 @@ def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,
         hint = (f"give both the same [cluster] ({names[0]} is on {ca.name}, {names[1]} on {cb.name}), or run "
                 f"meshplan step on each to compare clusters" if cluster else
                 f"give both the same {fields}; only the mesh and the plan's knobs (micro_batch, recompute, "
-                f"sharding ...) may differ")
+                f"sharding ...) may differ; to weigh two workloads (a before/after that changes the batch), run "
+                f"meshplan step on each (tokens/s per GPU and MFU compare them), or meshplan search on one for its "
+                f"best mesh")
         raise ConfigError("compare", f"{each}{more}; compare weighs two plans of one workload: {hint}")
     return d
 

@@ -20,6 +20,7 @@ import re
 import tomllib
 from pathlib import Path
 
+from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json, read_text_limited
 from meshplan.interop.common import FORMATS
@@ -115,6 +116,24 @@ def sbatch_refusal(path: Path, text: str) -> ConfigError | None:
             "import the launch script its srun runs, meshplan import auto SCRIPT")
     return ConfigError("config", f"{path}: a Slurm batch script without Megatron-LM's flags: {what} (its torchrun "
                        f"and pretrain_gpt.py flags)")
+
+
+def meshplan_refusal(path: Path, text: str) -> ConfigError:
+    """``import``'s error for a ``.toml`` :func:`detect` calls meshplan's: its TOML error first, the
+    one line ``import torchtitan`` and ``plan`` give (:func:`~meshplan.config_toml.parse_toml`), an
+    empty file (or one of comments only) said to be empty, else that it is already a meshplan TOML
+    (newcomer trial nc55 #1: a torchtitan file with ``seq_len = = 8192``, and an empty one, were
+    called "already a meshplan TOML", naming ``--format``).
+
+    >>> print(meshplan_refusal(Path("job.toml"), "# nothing"))
+    config: job.toml is empty (no table, no key): give the torchtitan job TOML, Megatron-LM arguments or DeepSpeed JSON to import
+    >>> print(meshplan_refusal(Path("plan.toml"), "[model]"))
+    --format: plan.toml is already a meshplan TOML
+    """
+    if not parse_toml(text, str(path)):
+        return ConfigError("config", f"{path} is empty (no table, no key): give the torchtitan job TOML, Megatron-LM "
+                           f"arguments or DeepSpeed JSON to import")
+    return ConfigError("--format", f"{path} is already a meshplan TOML")
 
 
 def config_text(path: Path) -> str:

@@ -21,6 +21,7 @@ from meshplan.interop import deepspeed, megatron, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions
 from meshplan.interop.detect import MEGATRON_HINT, config_text, detect, python_job_refusal, sbatch_refusal
 from meshplan.interop.tomlout import dumps
+from meshplan.interop.detect import meshplan_refusal  # import's refusal of a meshplan TOML (nc55 #1)
 from meshplan.interop.torchtitan_custom import sibling_flavors
 from meshplan.interop.written_paths import written_tables
 
@@ -109,8 +110,8 @@ def import_text(path, fmt: str | None, opts: ImportOptions,
     as ``[source]`` is (:func:`~meshplan.interop.source_file.written_tables`)."""
     p = Path(path)
     fmt = fmt or detect(p, config_text(p))
-    if fmt == "meshplan":
-        raise ConfigError("--format", f"{p} is already a meshplan TOML")
+    if fmt == "meshplan":  # a TOML error or an empty file said first (nc55 #1)
+        raise meshplan_refusal(p, config_text(p))
     imp = read_foreign(p, fmt, opts)
     tables = imp.tables | ({"source": source(fmt)} if source else {})
     config_from_dict(tables, base=p.parent, path=str(p))

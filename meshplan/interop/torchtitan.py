@@ -121,7 +121,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshplan import catalog
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, InfeasibleInput
 from meshplan.interop.common import (
     Imported,
     ImportOptions,
@@ -135,7 +135,7 @@ from meshplan.interop.common import (
     seq_len_of,
     table_model,
 )
-from meshplan.interop.torchtitan_checkpoint import read_checkpoint
+from meshplan.interop.torchtitan_checkpoint import checkpoint_note, read_checkpoint
 from meshplan.interop.torchtitan_ep import read_backend, read_etp
 from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, mixed_note, read_float8
@@ -338,8 +338,9 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     if shard < 1:  # the real constraint first: a tp that splits neither the model nor the node (issue 11)
         spec = table_model(model)
         misfit = spec and tp_misfit(spec, deg["tp"], catalog.node(cluster["system"]).gpus)
-        if misfit:
-            raise ConfigError("parallelism.tensor_parallel_degree", misfit)
+        if misfit:  # the model's (a tp 3 of 64 heads: infeasible, exit 1), else the node's (malformed, exit 2)
+            model_fault = spec is not None and tp_misfit(spec, deg["tp"], deg["tp"]) is not None
+            raise (InfeasibleInput if model_fault else ConfigError)("parallelism.tensor_parallel_degree", misfit)
         raise ConfigError("parallelism.data_parallel_shard_degree", f"-1 cannot be inferred: world {world} is not "
                           f"divisible by pp * dp_replicate * cp * tp = {dense}; give --nodes so that the world is a "
                           f"multiple of {dense}")
@@ -368,6 +369,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     family = str(d.get("model", {}).get("name", "llama3"))  # torchtitan's default model.name
     tables["training"] |= read_backend(par, model_is_moe(model), notes, family)
     checkpoint, saved = read_checkpoint(d)
+    notes += [n for n in [checkpoint_note(d)] if n]  # why its keys are listed unused (nc55 #14)
     tables |= {"reliability": checkpoint} if checkpoint else {}
     unused = tuple(k for k in flatten(d) if k not in USED | used | saved)
     named = {"name": "llama3", "flavor": "debugmodel"} | d.get("model", {})  # torchtitan's defaults

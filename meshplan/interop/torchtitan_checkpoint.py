@@ -6,7 +6,7 @@ carried by :mod:`meshplan.interop.torchtitan_carry`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from meshplan.errors import ConfigError
 
@@ -54,6 +54,37 @@ def read_checkpoint(d: dict) -> tuple[dict[str, Any], set[str]]:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError("checkpoint.interval", f"{n!r}: give the steps between checkpoint saves, a whole number >= 1")
     return {"checkpoint_interval_steps": n}, {f"checkpoint.{enable}"} | ({"checkpoint.interval"} if "interval" in ck else set())
+
+
+def checkpoint_note(d: dict) -> Optional[str]:
+    """The import's note on a ``[checkpoint]`` table whose interval meshplan does not read: a job
+    that saves no checkpoint (``enable`` false or absent, torchtitan's default) or counts its
+    interval in seconds (:data:`SECONDS_INTERVAL`), so the unused list naming ``checkpoint.enable``
+    and ``checkpoint.interval`` says why, beside docs/foreign-configs.md's "with enable = true the
+    interval is read" (newcomer trial nc55 #14); None where :func:`read_checkpoint` reads the
+    interval or the table has neither key.
+
+    >>> print(checkpoint_note({"checkpoint": {"enable": False, "interval": 500}}))
+    checkpoint: enable = false (torchtitan's default): the job saves no checkpoint, so checkpoint.enable and checkpoint.interval are listed unused; with enable = true meshplan reads the interval as [reliability] checkpoint_interval_steps (meshplan reliability sets it beside the optimal interval)
+    >>> checkpoint_note({"checkpoint": {"enable": True, "interval": 500}}) is None
+    True
+    """
+    ck = d.get("checkpoint", {})
+    if not isinstance(ck, dict) or read_checkpoint(d)[0]:
+        return None
+    enable = OLD_ENABLE if OLD_ENABLE in ck and "enable" not in ck else "enable"
+    keys = [f"checkpoint.{k}" for k in (enable, "interval", "interval_type") if k in ck]
+    if "interval" not in ck and enable not in ck:
+        return None
+    listed = " and ".join(keys) if len(keys) < 3 else ", ".join(keys[:-1]) + " and " + keys[-1]
+    why = (f"interval_type = {SECONDS_INTERVAL!r}: the interval counts seconds, not the steps meshplan plans"
+           if ck.get(enable) is True else
+           f"{enable} = {str(ck[enable]).lower()} (torchtitan's default)" if enable in ck else
+           f"{enable} unset (torchtitan's default, false)")
+    why += "" if ck.get(enable) is True else ": the job saves no checkpoint"
+    return (f"checkpoint: {why}, so {listed} {'are' if len(keys) > 1 else 'is'} listed unused; with {enable} = true "
+            f"meshplan reads the interval as [reliability] checkpoint_interval_steps (meshplan reliability sets it "
+            f"beside the optimal interval)")
 
 
 def without_interval(d: dict) -> dict:

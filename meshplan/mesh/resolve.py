@@ -25,7 +25,7 @@ re-factored as ``(efsdp, ep, etp)`` with etp fastest; the rule is ``B % (ep*etp)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import gcd, prod
+from math import prod
 from typing import Optional, Union
 
 import numpy as np
@@ -33,7 +33,7 @@ import numpy as np
 from meshplan.mesh.axes import EXPERT_AXES, from_megatron_order, to_megatron_order
 from meshplan.errors import ConfigError
 from meshplan.mesh.layout import Layout, grid_groups
-from meshplan.mesh.world_fix import Checker, world_fix
+from meshplan.mesh.world_fix import Checker, infer_fix, world_fix
 from meshplan.spec.mesh import MeshSpec
 
 #: Derived axis name -> constituent axes (those present in the mesh are used).
@@ -183,6 +183,11 @@ def _pairs(spec: MeshSpec) -> list[tuple[str, int]]:
     raise ConfigError("mesh", "give either names + shape or order + degrees")
 
 
+def given_pairs(spec: MeshSpec) -> list[tuple[str, int]]:
+    """(axis, degree as given, -1 kept) of ``spec``, outermost first (names + shape, or order + degrees)."""
+    return _pairs(spec)
+
+
 def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0,
                 check: Optional[Checker] = None, filled: tuple[str, ...] = ()) -> ConfigError | None:
     """The input error of degrees that cannot make ``world`` ranks (``mesh.world`` when set),
@@ -223,25 +228,10 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0,
         return None
     given = [(n, d) for n, d in given if d > 1]  # "tp 16", not "pp 1 x tp 16 = 16" (a degree 1 divides anything)
     expr = " x ".join(f"{n} {d}" for n, d in given)
-    fixes = []
-    for n, d in given:
-        rest = known // d
-        if world % rest == 0:
-            ok = [k for k in range(1, world // rest + 1) if (world // rest) % k == 0]
-            others = "".join(f" x {m} {e}" for m, e in given if m != n)[3:]
-            fixes.append(f"{n} {_alternatives(ok)} (a divisor of {world}{f' / {others}' if others else ''})")
-    if gpus_per_node and not spec.world:
-        lcm = known * gpus_per_node // gcd(known, gpus_per_node)
-        fixes.append(f"cluster.nodes = {lcm // gpus_per_node} ({lcm} GPUs)")
     where = f"mesh.world {world}" if spec.world else f"the cluster's {world} GPUs"
     ranks = expr if len(given) == 1 else f"{expr} = {known}"  # "tp 16", not "tp 16 = 16 ranks do not"
     return ConfigError(field, f"{inferred[0]} = -1 cannot be inferred: {ranks} does not divide {where}; "
-                       "fix: " + (", or ".join(fixes) or "degrees whose product divides the world"))
-
-
-def _alternatives(values: list[int]) -> str:
-    """``1, 2 or 4`` (``values`` in order)."""
-    return str(values[0]) if len(values) == 1 else f"{', '.join(map(str, values[:-1]))} or {values[-1]}"
+                       + infer_fix(spec, pairs, world, gpus_per_node, check))
 
 
 def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0,

@@ -17,12 +17,13 @@ from math import isqrt
 
 from meshplan.errors import ConfigError
 from meshplan.limits import MAX_MICRO_BATCHES, MAX_PIPELINE_UNITS, over
-from meshplan.mesh.resolve import Mesh
+from meshplan.mesh.resolve import Mesh, given_pairs
 from meshplan.mesh.layers import VirtualStage, looped, stage_layers, vpp_from_chunk
 from meshplan.spec.axes import KNOWN_AXES
 from meshplan.spec.axes.base import AxisDegrees
 from meshplan.spec.axes.dp import micro_batches
 from meshplan.spec.axes.registry import rules
+from meshplan.spec.axes.tp import TP
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -79,6 +80,35 @@ def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec,
                        f"{over('pipeline units', pp * vpp * micro)}; raise training.micro_batch or the data-parallel "
                        f"degree")
     return Validity(tuple(reasons), tuple(notes), stages if not isinstance(stages, str) else None, micro, vpp)
+
+
+def unresolved_reasons(model: ModelSpec, training: TrainingSpec, spec: MeshSpec) -> tuple[str, ...]:
+    """Why the tp ``spec`` gives cannot split ``model`` whatever the world: the tp axis's own rules
+    (heads, torch_kv_heads, ffn and, with sequence parallelism and cp given, seq_tp:
+    :data:`meshplan.spec.axes.tp.TP`) at that tp, for a mesh whose -1 the other degrees leave
+    nothing to infer (empty for any other mesh, or a tp of -1). Such a mesh is the mesh's fault,
+    infeasible (exit 1), before it is malformed input: docs/commands.md "Exit codes", "degrees that
+    do not divide the model ... are the mesh's" (newcomer trial nc55 #3: tp 3 of a 64-head model on
+    512 GPUs was exit 2 from a torchtitan file, exit 1 on 24 GPUs).
+
+    >>> m = ModelSpec(layers=80, hidden=8192, ffn=28672, q_heads=64, kv_heads=8, vocab=128256)
+    >>> t = TrainingSpec(global_batch=512, seq_len=8192)
+    >>> unresolved_reasons(m, t, MeshSpec(names=["dp_shard", "tp"], shape=[-1, 3]))
+    ('q_heads 64 is not divisible by tp 3', 'ffn 28672 is not divisible by tp 3')
+    >>> unresolved_reasons(m, t, MeshSpec(names=["dp_shard", "tp"], shape=[-1, 8]))
+    ()
+    """
+    pairs = dict(given_pairs(spec))
+    tp, cp = pairs.get("tp", 1), pairs.get("cp", 1)
+    if -1 not in pairs.values() or tp < 2:
+        return ()
+    d = AxisDegrees(pp=1, dpr=1, dps=1, dp=1, cp=max(cp, 1), tp=tp, ep=1, etp=1, mb=training.micro_batch, vpp=1,
+                    sp=spec.sequence_parallel and cp != -1)
+    out: list[str] = []
+    for rule in TP.rules:
+        if rule.check is not None:
+            out += rule.check(model, training, d)[0]
+    return tuple(out)
 
 
 def _stages(model, spec, pp, reasons, virtual_stage):

@@ -10,6 +10,7 @@ fix: shape [16, 4] (dp_shard = 64 / tp 4 = 16; or -1 there to infer it), or clus
 
 from __future__ import annotations
 
+from math import gcd, prod
 from typing import Callable, Optional
 
 from meshplan.mesh.axes import EXPERT_AXES
@@ -116,3 +117,52 @@ def world_fix(spec: MeshSpec, pairs, world: int, total: int, gpus_per_node: int,
         fixes += [f"or mesh.world = {total} (use {total} of the {world} GPUs)"] \
             if ok(spec.model_copy(update={"world": total})) else []
     return ", ".join(fixes)
+
+
+def _alternatives(values: list[int]) -> str:
+    """``1, 2 or 4`` (``values`` in order)."""
+    return str(values[0]) if len(values) == 1 else f"{', '.join(map(str, values[:-1]))} or {values[-1]}"
+
+
+def infer_fix(spec: MeshSpec, pairs, world: int, gpus_per_node: int, check: Optional[Checker] = None) -> str:
+    """The ``fix:`` of a -1 that the other degrees leave nothing to infer (their product does not
+    divide ``world``): for each given degree > 1, its values that with the others kept divide
+    ``world``, then the node count whose GPUs the product fills; with ``check``
+    (:data:`Checker`, the plan's own rules), only the values and the node count it accepts, so a
+    fix is never itself refused (newcomer trial nc55 #2: tp 3 of Llama 3 70B on 512 GPUs was told
+    tp 16 ... 512 and ``cluster.nodes = 3``, which the heads rule refuses); an axis none of whose
+    values passes is named with the first refusal.
+
+    >>> print(infer_fix(MeshSpec(names=["dp", "tp", "pp"], shape=[-1, 2, 3]), [("dp", -1), ("tp", 2), ("pp", 3)], 8, 8))
+    fix: pp 1, 2 or 4 (a divisor of 8 / tp 2), or cluster.nodes = 3 (24 GPUs)
+    >>> no_odd_tp = lambda s, nodes: "tp is odd" if s.shape[1] % 2 else None
+    >>> print(infer_fix(MeshSpec(names=["dp", "tp"], shape=[-1, 3]), [("dp", -1), ("tp", 3)], 12, 4, no_odd_tp))
+    fix: tp 2, 4, 6 or 12 (a divisor of 12 that the plan's rules accept)
+    """
+    given = [(n, d) for n, d in pairs if n not in EXPERT_AXES and d > 1]
+    known = prod(d for _, d in given)
+    fixes, why = [], ""
+    for n, d in given:
+        rest = known // d
+        if world % rest:
+            continue
+        values = [k for k in range(1, world // rest + 1) if (world // rest) % k == 0]
+        refused = {k: check(_spec_of(spec, [(m, k if m == n else e) for m, e in pairs]), None) if check else None
+                   for k in values}
+        ok = [k for k in values if refused[k] is None]
+        others = "".join(f" x {m} {e}" for m, e in given if m != n)[3:]
+        if ok:
+            rule = " that the plan's rules accept" if len(ok) < len(values) else ""
+            fixes.append(f"{n} {_alternatives(ok)} (a divisor of {world}{f' / {others}' if others else ''}{rule})")
+        else:
+            why = why or f"{n} {_alternatives(values)}: {refused[values[-1]]}"
+    if gpus_per_node and not spec.world:
+        lcm = known * gpus_per_node // gcd(known, gpus_per_node)
+        refused_nodes = check(spec, lcm // gpus_per_node) if check else None
+        if refused_nodes is None:
+            fixes.append(f"cluster.nodes = {lcm // gpus_per_node} ({lcm} GPUs)")
+        else:
+            why = why or f"cluster.nodes = {lcm // gpus_per_node}: {refused_nodes}"
+    if fixes:
+        return "fix: " + ", or ".join(fixes)
+    return "fix: degrees whose product divides the world" + (f" and that the rules accept ({why})" if why else "")

@@ -86,13 +86,15 @@ def torchrun_script(placement: Placement, opts) -> str:
     """``torchrun.sh``: the same command on every node, static rendezvous at node 0's endpoint (by
     default ``--rdzv-endpoint``, else the first of ``--hosts`` at ``--port``) with
     ``--node-rank`` this host's node of the plan (module docstring). ``opts``: a
-    :class:`~meshplan.placement.launch.LaunchOptions`, already checked."""
+    :class:`~meshplan.placement.launch.LaunchOptions`, already checked. Each refusal (no endpoint,
+    no node rank, a host or NODE_RANK that is not the plan's) is one line and exit 1, as bind.sh's
+    (docs/commands.md "meshplan launch"; newcomer trial nc55 #6: torchrun.sh exited 2)."""
     nodes, g = int(placement.node.max()) + 1, placement.cluster.node.gpus
     endpoint = opts.rdzv_endpoint or (f"{opts.hosts[0]}:{opts.port}" if opts.hosts else None)  # the plan's node 0
     default = f"${{MESHPLAN_RDZV_ENDPOINT:-{shlex.quote(endpoint)}}}" if endpoint else "${MESHPLAN_RDZV_ENDPOINT:-}"
     need = (['if [ -z "$plan_node" ]; then plan_node=0; fi'] if nodes == 1 else
             ['if [ -z "$plan_node" ]; then echo "meshplan torchrun.sh: set NODE_RANK=<0-'
-             f'{nodes - 1}>, this host\'s node in the plan (Slurm sets SLURM_NODEID)" >&2; exit 2; fi'])
+             f'{nodes - 1}>, this host\'s node in the plan (Slurm sets SLURM_NODEID)" >&2; exit 1; fi'])
     return "\n".join([
         "#!/bin/sh",
         f"# meshplan launch: torchrun on each of {nodes} node(s), {g} processes per node, static rendezvous:",
@@ -107,8 +109,8 @@ def torchrun_script(placement: Placement, opts) -> str:
         'here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)',
         f"endpoint={default}",
         'if [ -z "$endpoint" ]; then echo "meshplan torchrun.sh: set MESHPLAN_RDZV_ENDPOINT=host:port of node 0" >&2; '
-        "exit 2; fi",
-        *node_lines(opts.hosts, nodes, "torchrun.sh", 2), *need,
+        "exit 1; fi",
+        *node_lines(opts.hosts, nodes, "torchrun.sh", 1), *need,
         "rdzv_id=${MESHPLAN_RDZV_ID:-${SLURM_JOB_ID:-meshplan}}",
         *env_lines(opts.env),
         "set --",
