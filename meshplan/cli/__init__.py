@@ -39,6 +39,7 @@ from typing import Any, Optional
 
 import numpy as np
 import typer
+import typer.main
 
 from meshplan.cli import (
     interop_cmds,
@@ -52,7 +53,8 @@ from meshplan.cli import (
     validate_cmds,
 )
 from meshplan.cli.common import _inputs_guarded, _json_to_stdout
-from meshplan.cli.exits import _USAGE_ERROR, _exit_pipe_closed, _stdout_closed, _usage_line
+from meshplan.cli.error_doc import config_errors, write_error_doc
+from meshplan.cli.exits import _USAGE_ERROR, _exit_pipe_closed, _stdout_closed, _usage_line, usage_error
 from meshplan.errors import ConfigError
 
 __all__ = ["COMMANDS", "EXIT_CODES", "app", "main"]
@@ -184,14 +186,21 @@ def main(argv: Optional[list[str]] = None) -> None:
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
+def _argv(argv: Optional[list[str]]) -> list[str]:
+    """The command line's words after the program name (``sys.argv`` where main() was given none)."""
+    return list(sys.argv[1:] if argv is None else argv)
+
+
 def _run_app(argv: Optional[list[str]]) -> Any:
-    """The app's return value; the error paths of main() (exit 2 for bad input)."""
+    """The app's return value; the error paths of main() (exit 2 for bad input, with the
+    ``meshplan.error/v1`` document where ``--json`` was asked: :func:`meshplan.cli.error_doc.write_error_doc`)."""
     try:
         rc = app(args=argv, standalone_mode=False)
         sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
     except ConfigError as e:
         for one in getattr(e, "errors", [e]):  # ConfigErrors: one line each
             print(f"error: {one}", file=sys.stderr)
+        write_error_doc(_argv(argv), typer.main.get_command(app), config_errors(e))
         sys.exit(2)
     except _USAGE_ERROR as e:
         line = _usage_line(e)
@@ -199,6 +208,7 @@ def _run_app(argv: Optional[list[str]]) -> Any:
             e.show()
         else:
             print(line, file=sys.stderr)
+            write_error_doc(_argv(argv), typer.main.get_command(app), [usage_error(e)], e.exit_code)
         sys.exit(e.exit_code)
     except typer.Abort:
         print("Aborted!", file=sys.stderr)

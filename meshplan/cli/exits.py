@@ -24,14 +24,21 @@ def _usage_line(e) -> Optional[str]:
     """A one-line ``error: <option>: <what is wrong>`` for a usage error whose message is one
     line (a value that does not parse, a missing or unknown option); None for the help text
     shown when a group is called without a command."""
-    msg = e.format_message()
-    if "\n" in msg.strip():
+    if "\n" in e.format_message().strip():
         return None
+    field, message = usage_error(e)
+    return f"error: {field}: {message}"
+
+
+def usage_error(e) -> tuple[str, str]:
+    """``(field, message)`` of the one-line usage error ``e`` (:func:`_usage_line` prints them as
+    ``error: <field>: <message>``; the ``meshplan.error/v1`` document holds them)."""
+    msg = e.format_message()
     param = getattr(e, "param", None)
     field = (param.opts[0] if param is not None and getattr(param, "opts", None) else
              getattr(e, "option_name", None) or (e.ctx.command_path if e.ctx is not None else "usage"))
     cmd = e.ctx.command_path if e.ctx is not None else "meshplan"
-    return printable(f"error: {field}: {msg.rstrip('.')}; see {cmd} --help")
+    return printable(str(field)), printable(f"{msg.rstrip('.')}; see {cmd} --help")
 
 
 #: The exit status of a command whose stdout was closed under it (``meshplan step ... | head -1``):
