@@ -14,7 +14,8 @@ per group of commands, registered here in the order ``--help`` lists them (:data
   :mod:`~meshplan.cli.exits` (usage errors, a closed stdout): what they share.
 
 Every malformed input ends with one line ``error: <field>: <message>`` on stderr and exit
-status 2 (degrees whose product is not the world among them: :func:`meshplan.cli.loading._load`);
+status 2 (degrees whose product is not the world among them: :func:`meshplan.cli.loading._load`), and
+where ``--json`` was given the ``meshplan.error/v1`` document (:mod:`meshplan.cli.error_doc`);
 an infeasible mesh prints its reasons and exits 1.
 
 One verdict everywhere (:data:`EXIT_CODES`): every command that resolves a mesh (plan, groups,
@@ -64,7 +65,8 @@ EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: 
               "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place, nccl-check and step still print "
               "what they show, step labelled 'would be ... if it fit') or a measured difference, "
               "2 malformed input (degrees whose product is not the world and counts that disagree included), or a "
-              "log nccl-check cannot check (one line 'error: <field>: <what is wrong>')")
+              "log nccl-check cannot check (one line 'error: <field>: <what is wrong>'; with --json, the document "
+              "meshplan.error/v1 in place of the command's)")
 
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
