@@ -75,8 +75,8 @@ def test_schema_files_are_valid_and_shipped():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert "schemas/*.json" in data["meshplan"]
     files = sorted(p.name for p in (ROOT / "meshplan" / "schemas").glob("*.json"))
-    assert files == sorted(f"{c}.v1.schema.json" for c in COMMANDS)
-    for c in COMMANDS:
+    assert files == sorted(f"{c}.v1.schema.json" for c in COMMANDS + ("error",))  # error: any command's refusal
+    for c in COMMANDS + ("error",):
         s = schema_of(c)
         jsonschema.Draft202012Validator.check_schema(s)
         assert s["properties"]["schema"] == {"const": schema_name(c)}

@@ -115,18 +115,24 @@ def test_launch_json_to_stdout_lists_the_four_files(tmp_path, capsys):
 
 
 def test_errors_stay_one_line_on_stderr_with_json_to_stdout(tmp_path, capsys):
+    # the error stays one line on stderr; stdout holds the meshplan.error/v1 document alone (nc55fixB, newcomer
+    # trial 55 #8: before it stdout was empty), its line the stderr one
     rc, out, err = run(["export", MINI, "--to", "nope", "-o", tmp_path / "x", "--json", "-"], capsys)
-    assert (rc, out) == (2, "") and err.startswith("error: --to: 'nope'") and err.count("\n") == 1
+    assert rc == 2 and err.startswith("error: --to: 'nope'") and err.count("\n") == 1
+    doc = json.loads(out)
+    assert errors("error", doc) == [] and (doc["command"], doc["error"]["line"]) == ("export", err.strip())
     rc, out, err = run(["report", tmp_path / "missing.toml", "--json", "-"], capsys)
-    assert (rc, out) == (2, "") and err.startswith("error: ") and err.count("\n") == 1
+    assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert json.loads(out)["error"]["line"] == err.strip()
 
 
 @pytest.mark.slow
 def test_search_export_refusal_comes_before_the_json_document(tmp_path, capsys):
     rc, out, err = run(["search", MINI, "--top", 2, "--export", 5, "-o", tmp_path / "row.toml", "--json", "-"],
                        capsys)
-    assert (rc, out) == (2, "") and not (tmp_path / "row.toml").exists()
-    # refused before the search runs (--top is known): no search output either
+    # refused before the search runs (--top is known): no search output either, and on stdout the
+    # meshplan.error/v1 document alone (nc55fixB), naming --export
+    assert rc == 2 and json.loads(out)["error"]["field"] == "--export" and not (tmp_path / "row.toml").exists()
     assert err.splitlines()[-1] == ("error: --export: 5 > --top 2: the search lists 2 row(s); pass --top 5 or export a "
                                     "lower rank")
 

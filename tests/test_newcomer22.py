@@ -181,14 +181,14 @@ def test_step_replans_each_fsdp_knob_once(tmp_path, capsys, monkeypatch):
     import meshplan.cli.loading
     import meshplan.report.axis_need
     import meshplan.schedule.link_spill
-    import meshplan.schedule.verdict
+    import meshplan.schedule.replan
     from meshplan.plan import build_plan
     built: list[dict] = []
 
     def counted(cfg, *args, **kwargs):
         built.append({k: getattr(cfg.training, k) for k in ("reshard_after_forward", "micro_batch")})
         return build_plan(cfg, *args, **kwargs)
-    for module in (meshplan.cli.loading, meshplan.schedule.verdict, meshplan.schedule.link_spill,
+    for module in (meshplan.cli.loading, meshplan.schedule.replan, meshplan.schedule.link_spill,  # Rebuilt's home
                    meshplan.report.axis_need):
         monkeypatch.setattr(module, "build_plan", counted)
     job = tmp_path / "job.toml"

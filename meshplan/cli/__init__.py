@@ -14,7 +14,8 @@ per group of commands, registered here in the order ``--help`` lists them (:data
   :mod:`~meshplan.cli.exits` (usage errors, a closed stdout): what they share.
 
 Every malformed input ends with one line ``error: <field>: <message>`` on stderr and exit
-status 2 (degrees whose product is not the world among them: :func:`meshplan.cli.loading._load`);
+status 2 (degrees whose product is not the world among them: :func:`meshplan.cli.loading._load`), and
+where ``--json`` was given the ``meshplan.error/v1`` document (:mod:`meshplan.cli.error_doc`);
 an infeasible mesh prints its reasons and exits 1.
 
 One verdict everywhere (:data:`EXIT_CODES`): every command that resolves a mesh (plan, groups,
@@ -39,6 +40,7 @@ from typing import Any, Optional
 
 import numpy as np
 import typer
+import typer.main
 
 from meshplan.cli import (
     interop_cmds,
@@ -52,7 +54,8 @@ from meshplan.cli import (
     validate_cmds,
 )
 from meshplan.cli.common import _inputs_guarded, _json_to_stdout
-from meshplan.cli.exits import _USAGE_ERROR, _exit_pipe_closed, _stdout_closed, _usage_line
+from meshplan.cli.error_doc import config_errors, write_error_doc
+from meshplan.cli.exits import _USAGE_ERROR, _exit_pipe_closed, _stdout_closed, _usage_line, usage_error
 from meshplan.errors import ConfigError, InfeasibleInput
 
 __all__ = ["COMMANDS", "EXIT_CODES", "app", "main"]
@@ -62,7 +65,8 @@ EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: 
               "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place, nccl-check and step still print "
               "what they show, step labelled 'would be ... if it fit') or a measured difference, "
               "2 malformed input (degrees whose product is not the world and counts that disagree included), or a "
-              "log nccl-check cannot check (one line 'error: <field>: <what is wrong>')")
+              "log nccl-check cannot check (one line 'error: <field>: <what is wrong>'; with --json, the document "
+              "meshplan.error/v1 in place of the command's)")
 
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -184,17 +188,25 @@ def main(argv: Optional[list[str]] = None) -> None:
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
+def _argv(argv: Optional[list[str]]) -> list[str]:
+    """The command line's words after the program name (``sys.argv`` where main() was given none)."""
+    return list(sys.argv[1:] if argv is None else argv)
+
+
 def _run_app(argv: Optional[list[str]]) -> Any:
-    """The app's return value; the error paths of main() (exit 2 for bad input)."""
+    """The app's return value; the error paths of main() (exit 2 for bad input, with the
+    ``meshplan.error/v1`` document where ``--json`` was asked: :func:`meshplan.cli.error_doc.write_error_doc`)."""
     try:
         rc = app(args=argv, standalone_mode=False)
         sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
     except InfeasibleInput as e:  # the mesh's fault, found by a foreign reader: exit 1 as an infeasible plan
         print(f"infeasible: {e}", file=sys.stderr)
+        write_error_doc(_argv(argv), typer.main.get_command(app), config_errors(e), 1)
         sys.exit(1)
     except ConfigError as e:
         for one in getattr(e, "errors", [e]):  # ConfigErrors: one line each
             print(f"error: {one}", file=sys.stderr)
+        write_error_doc(_argv(argv), typer.main.get_command(app), config_errors(e))
         sys.exit(2)
     except _USAGE_ERROR as e:
         line = _usage_line(e, sys.argv[1:] if argv is None else argv)
@@ -202,6 +214,7 @@ def _run_app(argv: Optional[list[str]]) -> Any:
             e.show()
         else:
             print(line, file=sys.stderr)
+            write_error_doc(_argv(argv), typer.main.get_command(app), [usage_error(e, _argv(argv))], e.exit_code)
         sys.exit(e.exit_code)
     except typer.Abort:
         print("Aborted!", file=sys.stderr)

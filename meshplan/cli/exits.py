@@ -25,15 +25,22 @@ def _usage_line(e, argv: Sequence[str] = ()) -> Optional[str]:
     line (a value that does not parse, a missing or unknown option); None for the help text
     shown when a group is called without a command. A number that does not parse is said in
     meshplan's words, with the value from ``argv`` (:func:`_not_a_number`)."""
-    msg = e.format_message()
-    if "\n" in msg.strip():
+    if "\n" in e.format_message().strip():
         return None
+    field, message = usage_error(e, argv)
+    return f"error: {field}: {message}"
+
+
+def usage_error(e, argv: Sequence[str] = ()) -> tuple[str, str]:
+    """``(field, message)`` of the one-line usage error ``e`` (:func:`_usage_line` prints them as
+    ``error: <field>: <message>``; the ``meshplan.error/v1`` document holds them)."""
+    msg = e.format_message()
     param = getattr(e, "param", None)
     field = (param.opts[0] if param is not None and getattr(param, "opts", None) else
              getattr(e, "option_name", None) or (e.ctx.command_path if e.ctx is not None else "usage"))
     cmd = e.ctx.command_path if e.ctx is not None else "meshplan"
     msg = _not_a_number(field, getattr(e, "message", msg), argv) or msg
-    return printable(f"error: {field}: {msg.rstrip('.')}; see {cmd} --help")
+    return printable(str(field)), printable(f"{msg.rstrip('.')}; see {cmd} --help")
 
 
 #: The message typer (0.2x, which converts option values with pydantic) gives a number that

@@ -153,8 +153,9 @@ def _print_compare(c, con) -> None:
 
 @foreign_options()
 def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan TOML's optional [search] "
-                                                      "table sets the search, its [mesh] table is ignored by the search and "
-                                                      "ranked after it"),
+                                                      "table sets the search (tp = [4, 8], pp = [1], micro_batch = [1, 2]; "
+                                                      "every key: docs/input.md, 'The [search] table'), its [mesh] table "
+                                                      "is ignored by the search and ranked after it"),
                top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
                                                                     "[search] top, 10)"),
                rank_tight: bool = typer.Option(False, "--rank-tight", help="rank the rows by step time alone, "

@@ -122,7 +122,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or
     more, a 'hint:' line with the verdict's knobs re-planned, those that fit with a step more than 1% shorter
-    (meshplan.spec.search.TIE: a smaller gain is a tie, a judgement, not the model's measured error; so in every 'hint:'). Where the pipeline's
+    (meshplan.spec.search.TIE: a smaller gain is a tie, a judgement, not the model's measured error; so in every 'hint:');
+    at 1 micro-batch per step reshard_after_forward = false alone (the other knobs do not apply), else a 'note: no fsdp
+    hint' line saying why. Each 'hint:' line is in --json's hints too: stream, share of the step, each knob with its
+    step (s) and peak (bytes). Where the pipeline's
     idle exceeds the closed form for uniform stages more than twice, the bubble line names the stage with the longest
     forward+backward per micro-batch, the output layer and loss or embedding it holds, and the knob for a lighter
     end stage. Under eager DTensor TP a 'host:' line gives the time the device waits for the host to issue

@@ -26,6 +26,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import plain_data, timeline_summary
 from meshplan.report.plan_warnings import plan_warnings
 from meshplan.schedule.link_spill import other_stage_loads
+from meshplan.schedule.hint_facts import hint_docs
 from meshplan.schedule.linkload import concurrency, edge_loads, step_rows, timings
 from meshplan.schedule.nic_sharing import nic_waits
 from meshplan.schedule.stage_balance import closed_form, uniform_bubble
@@ -144,7 +145,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     links=[_link(e) for e in edge_loads(plan, st)], other_stage_links=_other_links(plan, st),
                     sent_bytes_per_step=weights_from_table(plan.stage(traffic_stage(plan)).collectives),
                     sent_bytes_stage=traffic_stage(plan),
-                    verdict=list(verdict), notes=list(st.notes), warnings=plan_warnings(plan), trace=trace)
+                    verdict=list(verdict), hints=hint_docs(verdict), notes=list(st.notes), warnings=plan_warnings(plan),
+                    trace=trace)
 
 
 def _bubbles(spec) -> dict[str, Optional[dict[str, float]]]:

@@ -45,6 +45,7 @@ from meshplan.memory.constraints import usable_bytes
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
 from meshplan.plan_runtime import split_backward_ac_warning
+from meshplan.schedule.hint_facts import Hint, HintLine, knob_of
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, knob_outcome
 from meshplan.spec.search import TIE
 from meshplan.spec.mesh import MeshSpec, Schedule
@@ -87,7 +88,8 @@ def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]
         return [no_hint_note(plan, st, head, knobs, alternatives)]
     items = [f"{words} (step {step_seconds(s)}, {s / st.step_s - 1:+.1%}, bubble {bubble_share(alt.step):.1%} of it, "
              f"peak {alt.peak_bytes / GiB:.1f} GiB fits)" for s, words, alt in found]
-    return [f"hint: {head}: shorter with " + "; ".join(items)]
+    return [HintLine(f"hint: {head}: shorter with " + "; ".join(items),
+                     Hint("bubble", share, tuple(knob_of(words, alt) for _, words, alt in found)))]
 
 
 def no_hint_note(plan: Plan, st, head: str, knobs: list[Knob], alternatives: Callable[..., Replanned]) -> str:

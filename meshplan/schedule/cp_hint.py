@@ -35,6 +35,7 @@ from typing import Callable, Optional
 
 from meshplan.plan import Plan
 from meshplan.schedule.bubble_hint import Knob, fastest, knob_outcomes
+from meshplan.schedule.hint_facts import Hint, HintLine, knob_of
 from meshplan.schedule.verdict import HINT_SHARE, Replanned
 from meshplan.spec.search import TIE
 from meshplan.spec.mesh import MeshSpec
@@ -71,7 +72,8 @@ def cp_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]) ->
                 + knob_outcomes(plan, st, knobs, alternatives)]
     items = [f"{words} (step {step_seconds(s)}, {s / st.step_s - 1:+.1%}, exposed cp {_exposed_cp(alt):.2f} s, "
              f"peak {alt.peak_bytes / GiB:.1f} GiB fits)" for s, words, alt in found]
-    return [f"hint: {head}: shorter with " + "; ".join(items)]
+    return [HintLine(f"hint: {head}: shorter with " + "; ".join(items),
+                     Hint("cp", share, tuple(knob_of(words, alt) for _, words, alt in found)))]
 
 
 def _exposed_cp(alt: Replanned) -> float:

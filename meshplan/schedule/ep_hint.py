@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 from meshplan.plan import Plan
 from meshplan.plan_moe import ep_span
+from meshplan.schedule.hint_facts import Hint, HintLine, Knob, knob_of
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, knob_outcome
 from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.ep import ep_choices, ep_refusal
@@ -98,18 +99,21 @@ def ep_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]], bw
         whys = "; ".join(why for _, why in tried) or f"etp {mesh.etp} leaves no ep > 1 inside a node"
         return [f"note: no ep hint: {head}, but no smaller ep keeps the group inside a node ({whys}{_straddle(plan)}); "
                 f"{SEARCH}"]
-    faster, outcomes = _replanned(plan, st, valid, alternatives)
+    faster, outcomes, knobs = _replanned(plan, st, valid, alternatives)
     if not faster:
         return [f"note: no ep hint: {head}, but no ep inside a node re-planned fits with a step more than {TIE:.0%} "
                 f"shorter ({'; '.join(outcomes)}); {SEARCH}"]
-    return [f"hint: {head}: shorter with the group inside a node, " + "; ".join(faster[:MAX_SHOWN])]
+    return [HintLine(f"hint: {head}: shorter with the group inside a node, " + "; ".join(faster[:MAX_SHOWN]),
+                     Hint("ep", cost / st.step_s, tuple(knobs[:MAX_SHOWN])))]
 
 
-def _replanned(plan: Plan, st, valid: list[int], alternatives: Callable[..., Replanned]) -> tuple[list[str], list[str]]:
+def _replanned(plan: Plan, st, valid: list[int],
+               alternatives: Callable[..., Replanned]) -> tuple[list[str], list[str], list[Knob]]:
     """(the words of each ep in ``valid`` re-planned that fits with a step clearly shorter than ``st``'s,
-    fastest first; each ep's outcome, :func:`~meshplan.schedule.verdict.knob_outcome`)."""
+    fastest first; each ep's outcome, :func:`~meshplan.schedule.verdict.knob_outcome`; the first
+    list's :class:`~meshplan.schedule.hint_facts.Knob`)."""
     mesh = plan.mesh
-    faster: list[tuple[float, str]] = []
+    faster: list[tuple[float, str, Knob]] = []
     outcomes = []
     for e in valid:
         spec, edit = ep_spec(plan, e)
@@ -117,7 +121,7 @@ def _replanned(plan: Plan, st, valid: list[int], alternatives: Callable[..., Rep
         words = f"ep {e} (efsdp {mesh.block_size // (e * mesh.etp)}, etp {mesh.etp}; {edit})"
         if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s):
             faster.append((alt.step_s, f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
-                                       f"peak {alt.peak_bytes / GiB:.1f} GiB fits)"))
+                                       f"peak {alt.peak_bytes / GiB:.1f} GiB fits)", knob_of(words, alt)))
         outcomes.append(f"ep {e}: {knob_outcome(st.step_s, alt)}")
     faster.sort(key=lambda f: round(f[0], 6))
-    return [w for _, w in faster], outcomes
+    return [w for _, w, _ in faster], outcomes, [k for _, _, k in faster]

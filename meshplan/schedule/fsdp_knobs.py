@@ -77,3 +77,31 @@ def _pipelined_fsdp_knobs(plan: Plan) -> Optional[tuple[str, list[tuple[str, dic
     if t.global_batch % (2 * t.micro_batch * plan.mesh.dp) == 0:
         knobs.append((f"training.micro_batch = {2 * t.micro_batch}", {"micro_batch": 2 * t.micro_batch}))
     return line, knobs
+
+
+def one_batch_knobs(plan: Plan, stream: str) -> Optional[tuple[str, list[tuple[str, dict]]]]:
+    """(why the knobs of :func:`fsdp_knobs` do not apply, the knobs that still do) for ``stream``'s
+    FSDP collectives at 1 micro-batch per step, where :func:`fsdp_knobs` has none (newcomer trial
+    55 #4: Mixtral-8x7B at dp_shard 8 x tp 8 exposed 15.8% of its step on fsdp and ``step`` said
+    nothing); None otherwise. At 1 micro-batch each layer is all-gathered once per forward and its
+    gradients reduce-scattered once per step whatever ``grad_accumulation`` (nothing to accumulate),
+    and a larger micro_batch is refused (``global_batch = micro_batch x dp`` already). What still
+    applies: ``reshard_after_forward = false`` under FSDP2 where it is true (the backward
+    all-gather of each layer dropped, its parameters kept gathered from forward to backward), and
+    DeepSpeed's ``overlap_comm = true`` or FSDP2's per-layer calls for the DeepSpeed engines, as
+    :func:`fsdp_knobs`; a mesh with a smaller shard group (HSDP) is the search's."""
+    t = plan.config.training
+    if stream not in ("fsdp", "efsdp") or t.sharding not in ("zero3", "hsdp") or plan.micro_batches != 1:
+        return None
+    knobs: list[tuple[str, dict]] = []
+    if t.zero3_engine == "deepspeed" and not t.overlaps_comm:
+        knobs.append(("training.overlap_comm = true", {"overlap_comm": True}))
+    if t.zero3_engine == "deepspeed-2021":
+        knobs.append(('training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5)',
+                      {"zero3_engine": "fsdp2"}))
+    if t.reshard_after_forward and t.zero3_engine == "fsdp2":
+        knobs.append(("training.reshard_after_forward = false", {"reshard_after_forward": False}))
+    why = (f"training.grad_accumulation and a larger training.micro_batch do not apply at 1 micro-batch (global_batch "
+           f"{t.global_batch} = micro_batch {t.micro_batch} x dp {plan.mesh.dp}: one reduce-scatter per step already, "
+           f"no larger micro-batch divides the batch); a smaller shard group (HSDP) is meshplan search's")
+    return why + ("" if knobs else "; no other knob applies"), knobs

@@ -9,8 +9,10 @@ the rule of every ``hint:`` line), else why it does not fit or that it is not th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Optional
 
+from meshplan.schedule.hint_facts import Hint, HintLine, knob_of
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster
 from meshplan.spec.search import TIE
 from meshplan.units import GiB, step_seconds
@@ -28,10 +30,13 @@ def host_hint(plan, st, alternatives: Optional[Callable[[dict], Replanned]]) -> 
     alt = alternatives({"torch_compile": True})
     head = (f"hint: the device waits {wait:.2f} s of the {step_seconds(st.step_s)} step ({wait / st.step_s:.1%}) for the host "
             f"to issue eager DTensor TP's blocks")
+    none = Hint("host", wait / st.step_s)  # the line names no knob that helps
     if alt.step_s is None:
-        return [f"{head}; training.torch_compile = true: {alt.text}"]
+        return [HintLine(f"{head}; training.torch_compile = true: {alt.text}", none)]
     if not clearly_faster(st.step_s, alt.step_s):
-        return [f"{head}; training.torch_compile = true is not more than {TIE:.0%} shorter (step {step_seconds(alt.step_s)}, "
-                f"{alt.step_s / st.step_s - 1:+.1%}: within the {TIE:.0%} tie threshold)"]
-    return [f"{head}; training.torch_compile = true (compiled blocks: DTensor traced away, elementwise ops fused): "
-            f"step {step_seconds(alt.step_s)} ({alt.step_s / st.step_s - 1:+.1%}), peak {alt.peak_bytes / GiB:.1f} GiB fits"]
+        return [HintLine(f"{head}; training.torch_compile = true is not more than {TIE:.0%} shorter (step "
+                         f"{step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}: within the {TIE:.0%} tie "
+                         f"threshold)", none)]
+    return [HintLine(f"{head}; training.torch_compile = true (compiled blocks: DTensor traced away, elementwise ops fused): "
+                     f"step {step_seconds(alt.step_s)} ({alt.step_s / st.step_s - 1:+.1%}), peak {alt.peak_bytes / GiB:.1f} "
+                     f"GiB fits", replace(none, knobs=(knob_of("training.torch_compile = true", alt),)))]

@@ -26,6 +26,7 @@ from typing import Callable, Optional
 from meshplan.plan import Plan
 from meshplan.schedule.link_spill import heaviest_nic_stage
 from meshplan.schedule.linkload import EdgeLoad, edge_loads
+from meshplan.schedule.hint_facts import Hint, HintLine, Knob
 from meshplan.schedule.netload import network_loads
 from meshplan.schedule.verdict import Replanned, fsdp_knobs, replanned_knobs, stream_of
 from meshplan.spec.search import TIE
@@ -113,15 +114,15 @@ def _rail(edge: EdgeLoad) -> int:
     return int(edge.edge.split()[1])
 
 
-def _knob_list(st, found, alternatives) -> str:
-    """``: shorter with K (step ..., -7.0%, peak ... fits); ...`` for the knobs faster by more than
-    :data:`TIE`, best first, or ``: none of its knobs ... (outcomes)``
+def _knob_list(st, found, alternatives) -> tuple[str, list[Knob]]:
+    """(``: shorter with K (step ..., -7.0%, peak ... fits); ...`` for the knobs faster by more than
+    :data:`TIE`, best first, or ``: none of its knobs ... (outcomes)``; those knobs' facts)
     (:func:`~meshplan.schedule.verdict.replanned_knobs`)."""
-    faster, tried = replanned_knobs(st.step_s, found, alternatives)
+    faster, tried, knobs = replanned_knobs(st.step_s, found, alternatives)
     if faster:
-        return ": shorter with " + "; ".join(faster)
+        return ": shorter with " + "; ".join(faster), knobs
     return (f": none of the FSDP knobs re-planned fits with a step more than {TIE:.0%} shorter "
-            f"({tried or 'no knob'})")
+            f"({tried or 'no knob'})"), []
 
 
 def link_bound_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], Replanned]], *,
@@ -152,4 +153,5 @@ def link_bound_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], Repl
         return [f"note: {head}; no knob meshplan re-plans cuts it"]
     if knobs_listed:
         return [f"note: {head}; the FSDP knobs that cut it: the line above"]
-    return [f"hint: {head}" + _knob_list(st, knobs[1], alternatives)]
+    words, facts = _knob_list(st, knobs[1], alternatives)
+    return [HintLine(f"hint: {head}{words}", Hint("link", share, tuple(facts)))]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from meshplan.schedule.hint_facts import Hint, HintLine, knob_of
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, knob_outcome
 from meshplan.spec.search import TIE
 from meshplan.units import GiB, step_seconds
@@ -73,9 +74,10 @@ def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[
     if alt.step_s is None or not clearly_faster(st.step_s, alt.step_s):
         return silent_note(st, alt, knobs, t.framework)
     after = _exposed_tp(alt.step)
-    return [f"hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of {step_seconds(st.step_s)}): shorter "
-            f"with {knobs} ({_runtime(t.framework)}): step {step_seconds(alt.step_s)} ({alt.step_s / st.step_s - 1:+.1%}), "
-            f"exposed tp {exposed:.2f} -> {after:.2f} s, peak {alt.peak_bytes / GiB:.1f} GiB fits"]
+    return [HintLine(f"hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of {step_seconds(st.step_s)}): "
+                     f"shorter with {knobs} ({_runtime(t.framework)}): step {step_seconds(alt.step_s)} "
+                     f"({alt.step_s / st.step_s - 1:+.1%}), exposed tp {exposed:.2f} -> {after:.2f} s, peak "
+                     f"{alt.peak_bytes / GiB:.1f} GiB fits", Hint("tp", exposed / st.step_s, (knob_of(knobs, alt),)))]
 
 
 def silent_note(st, alt: Replanned, knobs: str, framework: str) -> list[str]:

@@ -26,18 +26,16 @@ listed, each with its step, its change against this step and its peak.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from meshplan.errors import ConfigError
-from meshplan.memory.constraints import Constraints, usable_bytes
-from meshplan.plan import Infeasible, Plan, build_plan, with_memory
+from meshplan.plan import Plan
 from meshplan.mesh.tpsplit import KV_REPLICA
 from meshplan.schedule.comm_streams import comm_kind, step_stream
 from meshplan.schedule.comm_times import shard_group
-from meshplan.schedule.fsdp_knobs import fsdp_knobs
+from meshplan.schedule.fsdp_knobs import fsdp_knobs, one_batch_knobs
+from meshplan.schedule.hint_facts import Hint, HintLine, Knob, knob_of
+from meshplan.schedule.replan import Rebuilt, Replanned, Stepped, rebuilt_step  # noqa: F401 (their home before nc55fixB)
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line
-from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.mesh_words import stage_list
 from meshplan.spec.search import TIE
 from meshplan.units import GB, GiB, counted, step_seconds
@@ -209,26 +207,37 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
     their step, its change against this one and their peak (none: the line says so, with each
     knob's outcome, :func:`knob_outcome`: its peak where it does not fit, its step where it fits); no line
     without ``alternatives``. examples/llama3-70b_256xh100_dp32-tp8.toml (dp_shard 32 x tp 8, 16
-    micro-batches): fsdp 26.1% of a 23.6 s step, ``no_sync`` 17.8 s (tests/test_step_hints.py)."""
+    micro-batches): fsdp 26.1% of a 23.6 s step, ``no_sync`` 17.8 s (tests/test_step_hints.py).
+    At 1 micro-batch the knobs are :func:`~meshplan.schedule.fsdp_knobs.one_batch_knobs`'s: a
+    ``hint:`` where one is clearly faster, else ``note: no fsdp hint: ...`` saying why (newcomer
+    trial 55 #4). The line is a :class:`~meshplan.schedule.hint_facts.HintLine`."""
     shares = {k: v / st.step_s for k, v in st.exposed_s.items() if k in ("fsdp", "efsdp")}
     stream = max(shares, key=lambda k: shares[k], default="")
-    found = fsdp_knobs(plan, stream) if stream and shares[stream] >= HINT_SHARE else None
-    if alternatives is None or found is None:
+    if alternatives is None or not stream or shares[stream] < HINT_SHARE:
         return []
-    faster, tried = replanned_knobs(st.step_s, found[1], alternatives)
-    head = (f"hint: exposed {st.named(stream)} is {shares[stream]:.1%} of the step ({st.exposed_s[stream]:.1f} s "
+    found = fsdp_knobs(plan, stream)
+    one = one_batch_knobs(plan, stream) if found is None else None
+    listed = found or one
+    if listed is None:
+        return []
+    faster, tried, knobs = replanned_knobs(st.step_s, listed[1], alternatives)
+    head = (f"exposed {st.named(stream)} is {shares[stream]:.1%} of the step ({st.exposed_s[stream]:.1f} s "
             f"of {step_seconds(st.step_s)}; {counted(plan.micro_batches, 'micro-batch')} per step)")
+    if one is not None and not faster:
+        return [f"note: no fsdp hint: {head}: {one[0]}" + (f"; {tried}" if tried else "")]
+    hint = Hint(stream, shares[stream], tuple(knobs))
     if not faster:
-        return [f"{head}: none of its knobs re-planned fits with a step more than {TIE:.0%} shorter "
-                f"({tried or 'no knob'})"]
-    return [f"{head}: shorter with " + "; ".join(faster)]
+        return [HintLine(f"hint: {head}: none of its knobs re-planned fits with a step more than {TIE:.0%} shorter "
+                         f"({tried or 'no knob'})", hint)]
+    return [HintLine(f"hint: {head}: shorter with " + "; ".join(faster), hint)]
 
 
 def replanned_knobs(step_s: float, knobs: list[tuple[str, dict]],
-                    alternatives: Callable[[dict], "Replanned"]) -> tuple[list[str], str]:
+                    alternatives: Callable[[dict], "Replanned"]) -> tuple[list[str], str, list[Knob]]:
     """(the knobs that fit with a step shorter than ``step_s`` by more than :data:`TIE`, each as
     ``words (step ..., -7.0%, peak ... fits)``, best first: shortest step, ties in the knob list's
-    order; every knob's outcome, :func:`knob_outcome`, joined by ``; ``) for the FSDP hint and the
+    order; every knob's outcome, :func:`knob_outcome`, joined by ``; ``; the first list's knobs as
+    :class:`~meshplan.schedule.hint_facts.Knob`) for the FSDP hint and the
     link hint alike (newcomer trial 23: the 16% micro-batch knob was listed, the 25% overlap_comm
     one was not; a list in knob order would put a smaller gain first)."""
     faster, tried = [], []
@@ -237,8 +246,9 @@ def replanned_knobs(step_s: float, knobs: list[tuple[str, dict]],
         tried.append(f"{knob_name(update)}: {knob_outcome(step_s, alt)}")
         if alt.step_s is not None and clearly_faster(step_s, alt.step_s):
             faster.append((alt.step_s, f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / step_s - 1:+.1%}, "
-                                       f"peak {alt.peak_bytes / GiB:.1f} GiB fits)"))
-    return [w for _, w in sorted(faster, key=lambda f: f[0])], "; ".join(tried)
+                                       f"peak {alt.peak_bytes / GiB:.1f} GiB fits)", knob_of(words, alt)))
+    faster.sort(key=lambda f: f[0])
+    return [w for _, w, _ in faster], "; ".join(tried), [k for _, _, k in faster]
 
 
 def knob_name(update: dict) -> str:
@@ -264,134 +274,3 @@ def knob_outcome(step_s: float, alt: "Replanned") -> str:
     if alt.peak_bytes > 0:
         return f"peak {alt.peak_bytes / GiB:.1f} GiB, does not fit"
     return alt.text.split(" (")[0]
-
-
-@dataclass(frozen=True)
-class Replanned:
-    """One knob's re-plan (:func:`rebuilt_step`): ``text``, the verdict's phrase for it;
-    ``step_s``, the predicted step (seconds), None where the plan is infeasible or does not fit;
-    ``peak_bytes``, its memory timeline's peak (0 where infeasible); ``step``, the predicted
-    :class:`~meshplan.schedule.step_summary.StepTime` where it fits (its parts: the bubble hint's
-    bubble after), else None."""
-
-    text: str
-    step_s: Optional[float] = None
-    peak_bytes: float = 0.0
-    step: Optional[object] = None
-
-
-@dataclass(frozen=True)
-class Stepped:
-    """One knob's re-plan stepped before its memory is planned (:meth:`Rebuilt.stepped`):
-    ``step_s``, the predicted step (seconds; None where the knob is refused or the mesh does not
-    resolve), ``step`` its :class:`~meshplan.schedule.step_summary.StepTime` and ``plan`` the
-    re-plan without memory timelines (``build_plan(memory=False)``), for :meth:`Rebuilt.fitted`."""
-
-    step_s: Optional[float]
-    step: Optional[object] = None
-    plan: Optional[Plan] = None
-
-
-class Rebuilt:
-    """``alternatives`` for :func:`network_verdict` (and the host and bubble hints), made by
-    :func:`rebuilt_step`: called with ``(update, mesh=None)``, ``plan`` rebuilt with the
-    ``training`` fields ``update`` changed (and, given, its mesh spec replaced by ``mesh``), its
-    memory planned and, where it fits, its step predicted by ``step_fn(plan)``: a
-    :class:`Replanned` with the step, or the reason it has none (the memory reason, the mesh's
-    infeasibility reasons, or the config error a knob brings).
-
-    A hint that lists only re-plans clearly faster than the step (:func:`clearly_faster`) can
-    take the two phases apart: :meth:`stepped` (the step of the re-plan without its memory
-    timelines: ``step_time`` reads none of them, nor the constraint rows or placement flags,
-    which the re-plans leave out as the search's step-only path does, :mod:`meshplan.search.exact`),
-    then :meth:`fitted` (its memory) for the faster ones alone: the same :class:`Replanned`.
-
-    Each knob (its ``training`` update and mesh) is re-planned, stepped and fitted once per object:
-    ``step``'s reshard note, verdict and hints share one, and the note and the FSDP hint both ask
-    for ``reshard_after_forward = false`` (tests/test_newcomer22.py counts the ``build_plan`` calls)."""
-
-    def __init__(self, plan: Plan, step_fn: Callable):
-        self.plan, self.step_fn = plan, step_fn
-        self._lean_of: dict[str, object] = {}  # knob key -> its lean re-plan or the Replanned saying why none
-        self._stepped_of: dict[str, Stepped] = {}
-        self._fitted_of: dict[str, Replanned] = {}
-
-    def __call__(self, update: dict, mesh: Optional[MeshSpec] = None) -> Replanned:
-        key = _knob_key(update, mesh)
-        if key not in self._fitted_of:
-            alt, done = self._lean(update, mesh), self._stepped_of.get(key)
-            self._fitted_of[key] = alt if isinstance(alt, Replanned) else self._fit(alt, done.step if done else None)
-        return self._fitted_of[key]
-
-    def stepped(self, update: dict, mesh: Optional[MeshSpec] = None) -> Stepped:
-        """The knob's re-plan and its step, its memory not planned (``step_s`` None where
-        :meth:`__call__` would give no step before planning memory: refused or infeasible)."""
-        key = _knob_key(update, mesh)
-        if key not in self._stepped_of:
-            alt = self._lean(update, mesh)
-            st = None if isinstance(alt, Replanned) else self.step_fn(alt)
-            self._stepped_of[key] = Stepped(None) if st is None else Stepped(st.step_s, st, alt)
-        return self._stepped_of[key]
-
-    def fitted(self, stepped: Stepped) -> Replanned:
-        """What :meth:`__call__` gives for the knob of ``stepped`` (a :meth:`stepped` result with a
-        step): its memory planned, its step kept where it fits."""
-        if stepped.plan is None:
-            raise ValueError("Rebuilt.fitted needs a stepped re-plan with a step (step_s not None)")
-        key = next((k for k, x in self._stepped_of.items() if x is stepped), None)
-        if key is None:
-            return self._fit(stepped.plan, stepped.step)
-        if key not in self._fitted_of:
-            self._fitted_of[key] = self._fit(stepped.plan, stepped.step)
-        return self._fitted_of[key]
-
-    def _lean(self, update: dict, mesh: Optional[MeshSpec]):
-        """The re-plan without memory timelines, constraint rows or placement flags (none of which a
-        step or a timeline reads), or the :class:`Replanned` that says why there is none; built once
-        per knob."""
-        key = _knob_key(update, mesh)
-        if key not in self._lean_of:
-            self._lean_of[key] = self._build(update, mesh)
-        return self._lean_of[key]
-
-    def _build(self, update: dict, mesh: Optional[MeshSpec]):
-        """:meth:`_lean` uncached."""
-        cfg = self.plan.config
-        asked = {"fp8_all_gather": True} if cfg.fp8_all_gather_asked else {}  # the user's, for another mesh
-        cfg = replace(cfg, training=cfg.training.model_copy(update={**asked, **update}), mesh=mesh or cfg.mesh)
-        no_rows = Constraints((), usable_bytes(cfg.cluster, cfg.training))
-        try:
-            alt = build_plan(cfg, no_rows, memory=False, reports=False)
-        except (ConfigError, ValueError) as e:  # a knob's mesh the rules refuse (a schedule's chunks, its framework)
-            return Replanned(f"refused ({e})")
-        if isinstance(alt, Infeasible):
-            return Replanned("infeasible (" + "; ".join(alt.reasons) + ")")
-        return alt
-
-    def _fit(self, lean: Plan, st) -> Replanned:
-        """``lean``'s memory planned; where it fits, its step (``st``, or ``step_fn`` of the plan)."""
-        try:
-            alt = with_memory(lean)
-        except (ConfigError, ValueError) as e:  # as build_plan's own memory planning would refuse it
-            return Replanned(f"refused ({e})")
-        peak = alt.timeline.peak.total_bytes
-        if not alt.feasible:
-            return Replanned(f"does not fit (peak {peak / GiB:.1f} GiB > {alt.timeline.usable_bytes / GiB:.1f} GiB "
-                             f"usable)", peak_bytes=peak)
-        st = st if st is not None else self.step_fn(alt)
-        return Replanned(f"step {step_seconds(st.step_s)}, peak {peak / GiB:.1f} GiB fits", st.step_s, peak, st)
-
-
-def _knob_key(update: dict, mesh: Optional[MeshSpec]) -> str:
-    """A knob's key in :class:`Rebuilt`'s caches: its ``training`` update (order-free) and its mesh spec.
-
-    >>> _knob_key({"micro_batch": 2, "reshard_after_forward": False}, None)
-    "[('micro_batch', 2), ('reshard_after_forward', False)] None"
-    """
-    return f"{sorted(update.items())!r} {mesh.model_dump_json() if mesh is not None else None}"
-
-
-def rebuilt_step(plan: Plan, step_fn: Callable) -> Rebuilt:
-    """``alternatives`` for :func:`network_verdict` (and the host and bubble hints): ``plan``
-    re-planned with a knob and its step predicted with ``step_fn(plan)`` (:class:`Rebuilt`)."""
-    return Rebuilt(plan, step_fn)
