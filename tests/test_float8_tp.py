@@ -37,7 +37,8 @@ from meshplan.compute.layer import layer_cost
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.export import export
+from meshplan.interop.foreign import load_any
 from meshplan.interop.tomlout import resolved
 from meshplan.interop.torchtitan_write import write as titan_write
 from meshplan.memory.sizes import layer_act_sizes
