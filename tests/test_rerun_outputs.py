@@ -95,7 +95,7 @@ def test_calibrate_default_moved_under_out_and_rerun_works(tmp_path, monkeypatch
 def test_memory_prints_the_timeline_then_refuses_an_existing_png(tmp_path, monkeypatch, capsys):
     """n26small #1: ``memory --out DIR`` a second time refused with only the one-line error, the
     timeline computed and not shown. Now the timeline is printed, then the error (exit 2), and
-    neither the PNG nor --json is written; a PNG of a stage not shown is no conflict."""
+    neither the PNG nor the memory document is written (--json holds the error document); a PNG of a stage not shown is no conflict."""
     monkeypatch.chdir(tmp_path)
     png = Path("mine/mini_2x4_tp2-dp4_memory_stage0.png")
     png.parent.mkdir()
@@ -104,7 +104,9 @@ def test_memory_prints_the_timeline_then_refuses_an_existing_png(tmp_path, monke
     rc, out, err = _main(capsys, "memory", str(MINI), "--out", "mine", "--json", "m.json")
     assert rc == 2 and err == f"error: --out: {png} exists; choose another path or pass --force to replace it\n"
     assert "Memory timeline per rank" in out and "headroom" in out and "wrote" not in out
-    assert png.read_bytes() == b"theirs" and not Path("m.json").exists()
+    # the PNG kept; --json holds the meshplan.error/v1 document of the refusal, not the memory one (nc55fixB,
+    # newcomer trial 55 #8: before it nothing was written there)
+    assert png.read_bytes() == b"theirs" and json.loads(Path("m.json").read_text())["error"]["field"] == "--out"
     rc, out, err = _main(capsys, "memory", str(MINI), "--out", "mine", "--force")
     assert (rc, err) == (0, "") and f"wrote {png}" in out and png.read_bytes()[:4] == b"\x89PNG"
     assert Path("mine/mini_2x4_tp2-dp4_memory_stage3.png").read_bytes() == b"old stage 3"
