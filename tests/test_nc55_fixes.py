@@ -6,6 +6,8 @@ parse, #14 the import note on ``checkpoint.enable``."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.cli_run import run_cli
@@ -162,7 +164,15 @@ def test_torchtitan_tp_the_model_refuses_is_infeasible_exit_1(command, tmp_path,
     code, said, err = run_cli([*command, _titan_70b_tp3(tmp_path), "--cluster", "dgx-h100", "--nodes", "64", *extra],
                               capsys)
     assert (code, said, err) == (1, "", TT_TP3 + "\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_tp.toml"]  # no mesh, no global batch: nothing written
+    if command[0] == "import":  # no mesh, no global batch: no meshplan TOML written
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_tp.toml"]
+        return
+    # plan/step given --json: no plan exists, so the error document (meshplan.error/v1) with exit_code 1 and
+    # the stderr line exactly (nc55 #8's document, a CI gate reads the refusal as JSON whatever the exit)
+    doc = json.loads((tmp_path / "x.json").read_text())
+    assert (doc["schema"], doc["command"], doc["exit_code"]) == ("meshplan.error/v1", command[0], 1)
+    assert doc["error"]["field"] == "parallelism.tensor_parallel_degree"
+    assert doc["error"]["line"] == TT_TP3 and doc["error"]["fix"] == "use 1, 2, 4 or 8"
 
 
 def test_meshplan_toml_with_the_same_tp_is_infeasible_exit_1_too(tmp_path, capsys):
