@@ -60,8 +60,13 @@ def test_cp_hint_lists_the_moves_each_replanned():
     lists the three fastest, cp 1 (dp_shard 16 x tp 8) first, each with its step and exposed cp.
     After the merge with nc52fixC (NCCL's network rings hold 16 of the H200's 132 SMs while they run): the
     kernels beside the cp gathers run slower, so part of what was exposed cp is now compute: exposed cp
-    352.68 -> 350.92 s, the step 510.08 -> 510.16 s, 68.8% (read from the model)."""
+    352.68 -> 350.92 s, the step 510.08 -> 510.16 s, 68.8% (read from the model).
+    (kvheads: planned here with ``[memory] kv_expanded`` true, K and V at the 8 local q heads (repeat_kv,
+    torchtitan before ff0829c), the traffic every figure below was read at; the job's own v0.2.2 moves its 1
+    KV head (enable_gqa, what the import plans): exposed cp 350.92 -> 51.03 s, 8x smaller gathers and shifts.)"""
     cfg = load_any(DATA / "tt_70b_128k.toml", opts=H200)
+    assert round(step_time(build_plan(cfg)).exposed_s["cp"], 2) == 51.03
+    cfg = replace(cfg, memory=cfg.memory.model_copy(update={"kv_expanded": True}))
     plan = build_plan(cfg)
     st = step_time(plan)
     assert round(st.exposed_s["cp"], 2) == 350.92 and round(st.step_s, 2) == 510.16
