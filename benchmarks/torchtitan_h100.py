@@ -489,9 +489,13 @@ def load_row(path: Path, r: Row, node: str = NODE):
     """The row's config: its TOML imported on catalog node ``node``, with ``training.fsdp_root_unit``
     set: both revisions the runs name (9dec370, 820504e) predate torchtitan's own end units
     (83e6941, #1094) and wrap the embedding, the final norm and the output in the FSDP2 root
-    (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`); a job TOML has no key for it."""
+    (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`); a job TOML has no key for it.
+    And ``[memory] kv_expanded``: both predate ff0829c (v0.2.2), so their llama3 repeats K and V to the
+    q heads before SDPA (9dec370 ``models/llama/model.py`` ``repeat_kv``), where the import plans the
+    KV heads of its later revision (:func:`meshplan.interop.torchtitan_tables.kv_heads_read`)."""
     cfg = load_any(path, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8))
-    return replace(cfg, training=cfg.training.model_copy(update={"fsdp_root_unit": True}))
+    return replace(cfg, training=cfg.training.model_copy(update={"fsdp_root_unit": True}),
+                   memory=cfg.memory.model_copy(update={"kv_expanded": True}))
 
 
 def predict(r: Row, folder: Path, node: str = NODE) -> Result:

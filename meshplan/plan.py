@@ -363,7 +363,7 @@ def _collectives(config: Config, spec: MeshSpec, mesh: Mesh, placement: Placemen
                                              grad_bucket_elements=config.memory.grad_bucket_elements,
                                              deepspeed_prefetch=config.memory.deepspeed_prefetch_bytes(config.training),
                                              deepspeed_reuse=config.memory.deepspeed_max_reuse_elements,
-                                             paths=paths)
+                                             paths=paths, kv_expanded=config.memory.kv_expanded)
     return out
 
 

@@ -7,6 +7,7 @@ import pytest
 from meshplan.compare import compare, table_rows, write_evidence
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
 from meshplan.config import load_config
 from meshplan.memory.headroom import headroom_words
 from tests.cli_run import run_cli
@@ -420,7 +421,13 @@ def test_reasons_ordered_by_seconds_of_effect():
     one NIC's rate (meshplan.comm.nccl_algorithms: cp 16 beside tp 4 has 2 cp ranks a node, whose
     group path is 2 NICs, 100 GB/s, but each shift is one message through its sender's NIC), cp 16's
     134 MB shift takes 2.86 ms as cp 8's does: exposed cp 31.7 s against 45.8 s (+14.2 s), now the
-    largest difference, ahead of compute (+8.9 s) and exposed tp (-5.2 s); cp 8 wins by 10.4%."""
+    largest difference, ahead of compute (+8.9 s) and exposed tp (-5.2 s); cp 8 wins by 10.4%.
+    Since the ring moves K/V at the heads its SDPA reads (kvheads: ``[memory] kv_expanded`` false, the
+    default: 8 / tp KV heads, enable_gqa, a quarter of the q heads at both), every gather and shift is 4x
+    smaller (cp 8: 67 MB gathered, 1.27 ms; cp 16: 134 MB, 1.38 ms; a shift 16.8 MB, 0.366 ms at both),
+    exposed cp 1.9 s against 5.2 s (+3.3 s); the ring kernels' K/V terms shrink so the slowest cp rank is
+    rank 0 (its backward SDPA calls loop over L/2 queries) at both, and the repeat_kv copies are gone:
+    exposed tp first (-5.7 s), then compute (+4.4 s), exposed cp (+3.3 s); cp 8 wins by 1.6%."""
     from meshplan.compare.reasons import PART_FLOOR
     from meshplan.config import config_from_dict
     base = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 16},
@@ -434,30 +441,37 @@ def test_reasons_ordered_by_seconds_of_effect():
     assert c.winner == "cp8" and c.reasons[0].startswith(f"cp8 predicts a {1 - c.a.step_s / c.b.step_s:.1%} shorter")
     # the parts that differ by 0.1% of the longer step or more, largest difference first
     big = sorted((k for k in pa if abs(pb[k] - pa[k]) >= PART_FLOOR * c.b.step_s), key=lambda k: -abs(pb[k] - pa[k]))
-    assert big == ["exposed cp", "compute", "exposed tp"]
+    assert big == ["exposed tp", "compute", "exposed cp"]
     assert [r.split(":")[0] for r in (c.reasons[1], c.reasons[2], c.reasons[10])] == big
     assert c.reasons[9].startswith("of compute by kernel kind (each side's critical stage, per step): ")  # trial 24 #3
-    # each fp32 dK/dV shift, 131072 / cp x 64 / tp q heads x 256 x 4 B = 134,217,728 B at both, is one message
+    # each fp32 dK/dV shift, 131072 / cp x 8 / tp KV heads x 256 x 4 B = 16,777,216 B at both, is one message
     # through its sender's one NIC, whether its cp group has 1 rank a node (cp 8) or 2 (cp 16): 6.6 + 2.7 us + S /
-    # 47.10 GB/s = 2.859 ms (tests/nccl_published.py ndr_ring_s: a pair's ring moves S of 2 S at LL's one step)
-    shift = ndr_ring_s(2, 1, 2 * 134_217_728)
-    assert round(shift * 1e3, 3) == 2.859
+    # 47.10 GB/s = 0.366 ms (tests/nccl_published.py ndr_ring_s: a pair's ring moves S of 2 S at LL's one step;
+    # 134,217,728 B and 2.859 ms at the 64 / tp q heads, kv_expanded)
+    shift = ndr_ring_s(2, 1, 2 * 16_777_216)
+    assert round(shift * 1e3, 3) == 0.366
     for p, cp, tp, per_node in ((a, 8, 8, 1), (b, 16, 4, 2)):
         rows = [r for r in p.stage(0).collectives if r.axis == "cp" and r.op == "send/recv"]
-        assert 131072 // cp * 64 // tp * 256 * 4 == 134_217_728 and {r.size_bytes for r in rows} == {134_217_728}
+        assert 131072 // cp * 8 // tp * 256 * 4 == 16_777_216 and {r.size_bytes for r in rows} == {16_777_216}
         assert {r.path.ranks_per_node for r in rows} == {per_node}
         assert [r.time_s for r in rows] == pytest.approx([shift] * len(rows), rel=1e-9) and rows
     # under compute, by seconds: the kernel kinds that differ most (meshplan.schedule.kernel_kinds), the ring's
-    # merges first: per layer and micro-batch on cp rank cp - 1, eager (ring_attention.ring_bytes), n_q = 1 x 64 / tp
-    # heads x 131072 / cp tokens x 128 and n_kv = 2 n_q (K and V after repeat_kv), n_q (12 + 38 (cp - 1)) + 4 cp n_kv
-    # bytes, run in the forward and again in full recompute's replay, 80 layers x 16 micro-batches, at Triad 2.97 TB/s
-    merge = lambda tp, cp: (lambda n: 2 * 80 * 16 * (n * (12 + 38 * (cp - 1)) + 4 * cp * 2 * n) / 2.97e12)(
+    # merges first: per layer and micro-batch on cp rank 0 (its half-Q steps), eager (ring_attention.ring_bytes),
+    # n_q = 1 x 64 / tp heads x 131072 / cp tokens x 128 = 16,777,216 at both and n_kv = 8 / tp KV heads x 131072 /
+    # cp x 256 = n_q / 4 (K and V at the KV heads, no repeat_kv), n_q (12 + 27 (cp - 1)) + 4 cp n_kv bytes, run in
+    # the forward and again in full recompute's replay, 80 layers x 16 micro-batches, at Triad 2.97 TB/s (at the q
+    # heads, n_kv = 2 n_q, rank cp - 1 and 38 B a whole-Q merge: 4.9457 and 10.2674 s)
+    merge = lambda tp, cp: (lambda n: 2 * 80 * 16 * (n * (12 + 27 * (cp - 1)) + 4 * cp * n // 4) / 2.97e12)(
         64 // tp * 131072 // cp * 128)
-    assert abs(merge(8, 8) - 4.9457) < 1e-3 and abs(merge(4, 16) - 10.2674) < 1e-3
+    assert abs(merge(8, 8) - 3.0224) < 1e-3 and abs(merge(4, 16) - 6.2617) < 1e-3
     assert c.reasons[3] == (f"of compute, cp ring merge: cp8 {merge(8, 8) * 1e3:.1f} ms, cp16 "
                             f"{merge(4, 16) * 1e3:.1f} ms ({(merge(4, 16) - merge(8, 8)) * 1e3:+.1f} ms)")
-    assert c.reasons[4].startswith("of compute, cp ring gradient accumulation: cp8 3644.2 ms, cp16 7114.9 ms")
-    assert c.reasons[10] == (f"exposed tp: cp8 {pa['exposed tp'] * 1e3:.1f} ms, cp16 {pb['exposed tp'] * 1e3:.1f} ms "
+    # the backward's on rank 0: n_q (20 + 13 (cp - 1)) + n_kv (24 + 10 (cp - 1) + 4 (cp - 1) + 8 cp), once, 80 x 16:
+    # cp 8 (111 + 186 / 4) n_q = 157.5 n_q, 1138.8 ms; cp 16 (215 + 362 / 4) n_q = 305.5 n_q, 2208.9 ms
+    assert round(157.5 * 16_777_216 * 1280 / 2.97e12 * 1e3, 1) == 1138.8
+    assert round(305.5 * 16_777_216 * 1280 / 2.97e12 * 1e3, 1) == 2208.9
+    assert c.reasons[4].startswith("of compute, cp ring gradient accumulation: cp8 1138.8 ms, cp16 2208.9 ms")
+    assert c.reasons[1] == (f"exposed tp: cp8 {pa['exposed tp'] * 1e3:.1f} ms, cp16 {pb['exposed tp'] * 1e3:.1f} ms "
                             f"({(pb['exposed tp'] - pa['exposed tp']) * 1e3:+.1f} ms)")
     # every GEMM of the layer whose efficiency differs by a point or more (issue 11 nits 2: wk and
     # wv were never listed), under the compute part, by the seconds of their effect: the forward's
@@ -582,7 +596,12 @@ def test_framework_kernel_choices_itemise_compute():
     side already replayed it.)
     (Both, the merge: the two add, each in its own part: torch's contention 4.094 s and exposed cp
     44.448 s as on the branch (the replays lie in exposed tp, not beside the network collectives' kernels),
-    its step 170.005 + 0.8443 + 4.080 - 3.263 = 171.66 s; Megatron-LM's 84.97 s, the branch's.)"""
+    its step 170.005 + 0.8443 + 4.080 - 3.263 = 171.66 s; Megatron-LM's 84.97 s, the branch's.)
+    (kvheads: torch's side is planned with ``[memory] kv_expanded`` true, K and V repeated to the 8 local q
+    heads before SDPA (torchtitan before ff0829c), the sizes every by-hand step above takes (the 537 MB K/V
+    gathers sharing the NIC with FSDP). By default the ring moves the 1 local KV head (enable_gqa): 8x
+    smaller gathers and shifts, no repeat_kv copies, torch's step 171.66 -> 125.75 s (test_reasons_ordered_by_seconds_of_effect's
+    cp8 side), still behind Megatron-LM's 85.0 s.)"""
     from meshplan.compare.kernels import choice_seconds
     from meshplan.config import config_from_dict
     from meshplan.schedule.workload import chunk_costs, workload_of
@@ -590,8 +609,10 @@ def test_framework_kernel_choices_itemise_compute():
             "training": {"global_batch": 32, "seq_len": 131072, "micro_batch": 1, "sharding": "zero3",
                          "recompute": "full"}}
     mesh = {"names": ["dp_shard", "cp", "tp"], "sequence_parallel": True, "shape": [2, 8, 8]}
-    a = build_plan(config_from_dict({**base, "mesh": mesh}))
-    b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh}))
+    a = build_plan(config_from_dict({**base, "mesh": mesh, "memory": {"kv_expanded": True}}))
+    b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh,
+                                     "memory": {"kv_expanded": True}}))  # compare weighs one workload; TE's ring reads the KV heads either way
+    assert round(step_time(build_plan(config_from_dict({**base, "mesh": mesh}))).step_s, 2) == 125.75  # the default
     c = compare(a, b, names=("torch", "megatron"))
     pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
     slow = [c.a.step.contention_s(), c.b.step.contention_s()]
@@ -782,13 +803,24 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     us, 512 x 10 x 1257.6 us = 6.439 s exposed cp and 0.063 s more bubble, 68.479 s; row4 7.5%
     shorter. Both together (the merge of nic50 and cp50): the deferred copy-ins sit in the tail after
     the last backward, the ring's collectives inside each layer's backward, so the two add: row4
-    63.3705 + 20 x 0.4322 ms = 63.379 s, top1 68.4786 + 10 x 0.8643 ms = 68.487 s, row4 7.5% shorter."""
+    63.3705 + 20 x 0.4322 ms = 63.379 s, top1 68.4786 + 10 x 0.8643 ms = 68.487 s, row4 7.5% shorter.
+
+    (kvheads: the two files are planned with ``[memory] kv_expanded`` true, K and V repeated to the q heads
+    before SDPA (torchtitan before ff0829c), the n_kv = 2 n_q every by-hand count above takes. By default the
+    ring moves the KV heads (enable_gqa: 4 at top1's tp 2, 2 at row4's tp 4, n_kv = n_q / 4), a quarter of
+    the gathers and shifts, and no repeat_kv copies: top1 61.702 s, row4 60.417 s, row4 still first, 2.1%
+    shorter.)"""
     import tomllib
 
     from meshplan.compute.kernel_fragment import kernel_data
     from meshplan.config import config_from_dict
     from meshplan.schedule.workload import chunk_costs, workload_of
-    compiled = lambda text: text.replace('recompute = "none"', 'recompute = "none"\ntorch_compile = true')
+    compiled = lambda text: text.replace('recompute = "none"', 'recompute = "none"\ntorch_compile = true') \
+        + "\n[memory]\nkv_expanded = true\n"
+    default = {n: build_plan(config_from_dict(tomllib.loads(compiled(t).rsplit("[memory]", 1)[0])))
+               for n, t in (("top1", TOP1), ("row4", TOP))}
+    at_kv = compare(default["row4"], default["top1"], names=("row4", "top1"))
+    assert (at_kv.winner, round(at_kv.a.step_s, 3), round(at_kv.b.step_s, 3)) == ("row4", 60.417, 61.702)
     top1, row4 = tmp_path / "top1.toml", tmp_path / "row4.toml"
     top1.write_text(compiled(TOP1))
     row4.write_text(compiled(TOP))
@@ -1012,12 +1044,15 @@ def test_compute_line_names_the_recompute_difference():
     is still the replay's -1793.4 ms. Merged with es50 (A's full AC replays each layer's closing tp
     reduce-scatter on the compute stream, where the network collectives beside it slow no kernel): A's
     contention 965.62 -> 963.12 ms, read from the model, its compute 11535.1 ms; B (selective) unchanged:
-    -1793.4 + (1039.88 - 963.12) = -1716.7 ms."""
+    -1793.4 + (1039.88 - 963.12) = -1716.7 ms. (kvheads: planned with ``[memory] kv_expanded`` true, K and V
+    repeated to the q heads (torchtitan before ff0829c), the n_kv = 2 n_q the rank choice above takes; at the
+    KV heads, the default, the ring's K/V terms are a quarter.)"""
     from meshplan.config import config_from_dict
     base = {"model": {"catalog": "llama3-70b", "max_position": 32768},
             "cluster": {"system": "dgx-h200", "nodes": 128},
             "training": {"global_batch": 256, "seq_len": 32768, "micro_batch": 1, "sharding": "zero3"},
-            "mesh": {"names": ["dp_shard", "cp", "tp"], "shape": [64, 2, 8], "sequence_parallel": True}}
+            "mesh": {"names": ["dp_shard", "cp", "tp"], "shape": [64, 2, 8], "sequence_parallel": True},
+            "memory": {"kv_expanded": True}}
     a, b = (build_plan(config_from_dict({**base, "training": {**base["training"], "recompute": r}}))
             for r in ("full", "selective"))
     c = compare(a, b, names=("A", "B"))

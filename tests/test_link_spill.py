@@ -68,14 +68,17 @@ def test_window_is_the_stage_compute_without_the_optimizer(trial):
     reduce-scatters run on the compute stream but count as exposed tp, not compute (the window 1097.67 ms
     unchanged on int): the fsdp collectives beside the 80 replays (27.26 ms) overlap less kernel time, so
     the contention 197.96 -> 191.36 ms (read from the model, test_step_tp_hint): compute 1302.22 - 6.61 =
-    1295.61 ms, the window 1295.61 - 7.425 = 1288.18 ms.)"""
+    1295.61 ms, the window 1295.61 - 7.425 = 1288.18 ms.) (kvheads: no repeat_kv copies, ``[memory] kv_expanded``
+    false (the SDPA reads the 1 local KV head, enable_gqa): each layer's 37,748,736 B forward, backward and full
+    recompute's replay at 2.97 TB/s, 3 x 12.71 us x 80 layers = 3.05 ms: the window 1288.18 -> 1285.13 ms.)"""
     plan, st = trial
     opt = sum(e.dur_s for e in st.post_events if e.stage == 0 and e.stream == "compute")
     loads = edge_loads(plan, st)
     nics = [e for e in loads if "NIC" in e.edge]
     assert len(nics) == 8 and not any(e.fits for e in nics)
     assert nics[0].interval_s == pytest.approx(st.parts_s()["compute"] - opt, rel=1e-9)
-    assert round(nics[0].interval_s * 1e3, 2) == 1288.18 and round(opt * 1e3, 3) == 7.425
+    assert round(nics[0].interval_s * 1e3, 2) == 1285.13 and round(opt * 1e3, 3) == 7.425
+    assert round(3 * 80 * 37_748_736 / 2.97e12 * 1e3, 2) == 3.05
     assert round(nics[0].busy_s, 3) == 1.318 and nics[0].capacity_bytes_per_s == 50e9
 
 
@@ -103,7 +106,9 @@ def test_spill_is_the_fsdp_time_beside_no_compute(trial):
     27.90 ms exposed (the branch's: the compute slowed by contention covers the two FSDP waits the
     replays fell in) and 273.51 ms hidden while the compute waits for tp; the 80 replayed reduce-scatters
     add 80 x 0.34073 = 27.26 ms of compute-stream waits beside fsdp, 274.16 + 27.26 = 301.42, within the
-    sweep's last bits of the 301.41 ms it reports.)"""
+    sweep's last bits of the 301.41 ms it reports.) (kvheads: 301.41 -> 301.43 and 273.51 -> 273.52 ms, the
+    compute 3.05 ms shorter without the repeat_kv copies, test_window_is_the_stage_compute_without_the_optimizer,
+    the same fsdp events a little less beside it.)"""
     plan, st = trial
     assert network_streams(plan) == ("fsdp",)
     s = network_spill(plan, st)
@@ -112,10 +117,10 @@ def test_spill_is_the_fsdp_time_beside_no_compute(trial):
     assert s.spill_s == pytest.approx(_minus(fsdp, compute), rel=1e-9)
     assert s.exposed_s == st.exposed_s["fsdp"]
     assert s.window_s == edge_loads(plan, st)[1].interval_s
-    assert [round(x * 1e3, 2) for x in (s.busy_s, s.spill_s, s.hidden_elsewhere_s)] == [1365.60, 301.41, 273.51]
+    assert [round(x * 1e3, 2) for x in (s.busy_s, s.spill_s, s.hidden_elsewhere_s)] == [1365.60, 301.43, 273.52]
     rs = next(r.time_s for r in plan.stage(0).collectives if (r.axis, r.phase, r.op) == ("tp", "backward", "reduce-scatter"))
     assert st.shown_ms()["exposed fsdp"] == "27.90"
-    assert round(s.spill_s * 1e3 - 27.90, 2) == pytest.approx(273.51, abs=0.01)  # the spill less the exposed
+    assert round(s.spill_s * 1e3 - 27.90, 2) == pytest.approx(273.52, abs=0.01)  # the spill less the exposed
     assert s.spill_s * 1e3 == pytest.approx(274.16 + 80 * rs * 1e3, abs=0.02)  # the branch's spill + the replays
     # and, since the reduce-scatters run on their own stream, the two gaps where the compute waits for a
     # tp norm-grad all-reduce (0.0595 ms) beside a reduce-scatter (L79's beside the head's, L0's beside
@@ -136,18 +141,20 @@ def test_line_names_the_window_and_async_tp(trial):
     1437.39 -> 1652.08 ms and its exposed fsdp 31.33 -> 27.90 ms as test_step_tp_hint derives them;
     async TP's (compiled: no replayed collective, so the branch's figures) step 1408.90 -> 1475.23 ms,
     its exposed fsdp 200.94 -> 29.93 ms (its compute, slowed by 237.34 ms of contention, now hides the
-    gathers the shorter one left exposed); the window's compute 1097.67 -> 1288.18 ms, the model's sweep.)"""
+    gathers the shorter one left exposed); the window's compute 1097.67 -> 1288.18 ms, the model's sweep.)
+    (kvheads, no repeat_kv copies: the plain step 1652.08 -> 1649.03 ms, the window 1285.13 ms; async TP's step
+    1475.23 -> 1472.21 ms, its exposed fsdp 29.93 -> 29.97 ms, read from the model.)"""
     plan, st = trial
     line = spill_line(plan, st, network_spill(plan, st), step_time)
     t = plan.config.training.model_copy(update={"tp_comm_overlap": True, "torch_compile": True})
     on = step_time(build_plan(replace(plan.config, training=t)))
-    assert on.shown_ms()["exposed fsdp"] == "29.93" and on.shown_ms()["step"] == "1475.23"
+    assert on.shown_ms()["exposed fsdp"] == "29.97" and on.shown_ms()["step"] == "1472.21"
     assert line == ("where the NICs' traffic goes: on stage 0's timeline fsdp runs 1365.60 ms (its collectives' "
-                    "modelled times) against the window's 1288.18 ms of compute; 301.41 ms of it while no compute "
-                    "runs, of which 27.90 ms exposed (the parts line's exposed fsdp) and the other 273.51 ms while "
+                    "modelled times) against the window's 1285.13 ms of compute; 301.43 ms of it while no compute "
+                    "runs, of which 27.90 ms exposed (the parts line's exposed fsdp) and the other 273.53 ms while "
                     "the compute stream waits for tp (exposed tp), hidden there; with async TP "
                     "(training.tp_comm_overlap = true, training.torch_compile = true) tp no longer hides it: "
-                    "exposed fsdp 27.90 -> 29.93 ms, step 1652.08 -> 1475.23 ms")
+                    "exposed fsdp 27.90 -> 29.97 ms, step 1649.03 -> 1472.21 ms")
     assert "with async TP" not in spill_line(plan, st, network_spill(plan, st))  # no re-plan without step_fn
 
 
@@ -157,12 +164,12 @@ def test_step_prints_it_only_where_a_nic_does_not_fit(capsys):
     FSDP2's reduce-scatters on their own stream, test_step_tp_hint.test_eager_config_gets_torch_compile_with_async_tp
     derives it: -22.75 ms; es50: + 78 x 0.34073 ms of replayed closing tp reduce-scatters; nc52fixC: fsdp's
     network rings hold 16 of 132 SMs; both, as test_step_tp_hint derives them: 1.437 -> 1.652 s, the
-    window 1.098 -> 1.288 s. nc54 #12: a capacities line under the header, so the spill line is the 11th
+    window 1.098 -> 1.288 s; kvheads, no repeat_kv copies: 1.649 s, the window 1.285 s. nc54 #12: a capacities line under the header, so the spill line is the 11th
     below it: capacities, 1 NVLink and 8 NIC rows, then it.)"""
     assert run_main("step", TRIAL) == 0
     out = capsys.readouterr().out.splitlines()
     head = next(i for i, x in enumerate(out) if x.startswith("edge load per step"))
-    assert ("stage 0's compute time, its forward, backward and recompute kernels (1.288 s of the 1.652 s step"
+    assert ("stage 0's compute time, its forward, backward and recompute kernels (1.285 s of the 1.649 s step"
             in out[head])
     assert out[head + 1].startswith("  capacities: ")
     assert out[head + 11].startswith("  where the NICs' traffic goes: ") and len(out) == head + 12

@@ -275,12 +275,13 @@ def test_cp_ring_shift_across_two_nodes_sends_one_message_per_node():
          "mesh": {"names": ["cp"], "shape": [16]}}
     p = build_plan(config_from_dict(d))
     shifts = [r for r in p.collectives["stage 0"] if r.op == "send/recv"]
-    # fp32 dK and dV of the rank's 32768 / 16 = 2048 tokens at the 32 q heads x 128: 4 x 2 x 2048 x 4096 B
-    S = 4 * 2 * 2048 * 32 * 128
+    # fp32 dK and dV of the rank's 32768 / 16 = 2048 tokens at the 8 KV heads x 128 the SDPA reads ([memory]
+    # kv_expanded false, enable_gqa; 32 q heads with it): 4 x 2 x 2048 x 1024 B
+    S = 4 * 2 * 2048 * 8 * 128
     assert {r.size_bytes for r in shifts} == {S} and sum(r.per_step for r in shifts) == 32 * 16  # 16 per layer
     assert all(r.link_bytes == pytest.approx((7 / 8 * S, S / 8)) for r in shifts)
     # node 0 sends one whole S per shift, rank 7's to rank 8, through rank 7's own NIC (its 8th):
-    # 512 shifts x 64 MiB = 34.4 GB on it, nothing on the other seven (ranks 0-6 shift on NVLink)
+    # 512 shifts x 16 MiB = 8.6 GB on it, nothing on the other seven (ranks 0-6 shift on NVLink)
     nics, _ = network_loads(p, shifts, 32)
     assert list(nics) == [7] and nics[7][0] == pytest.approx(32 * 16 * S, rel=1e-12)
 

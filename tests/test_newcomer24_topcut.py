@@ -9,6 +9,8 @@ test failed at main dbb1e9ce (the values it printed there are in each docstring)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshplan.config import load_config
 from meshplan.report.search_lines import table_heading
 from meshplan.search.driver import search
@@ -17,11 +19,14 @@ from tests.configs import llama8b_node_search
 from test_search import CASES, config
 
 
-def _rows(top: int) -> list[tuple[str, float]]:
+def _rows(top: int, kv_expanded: bool = True) -> list[tuple[str, float]]:
     """tests/test_search.py's world16 space (16 H100 of 4 GB, the 8-layer model, micro-batch 1 or 4,
-    recompute none or full) searched at ``[search] top`` (``--top``) ``top``: (label, step ms) per row."""
+    recompute none or full) searched at ``[search] top`` (``--top``) ``top``: (label, step ms) per row;
+    ``[memory] kv_expanded`` ``kv_expanded`` (true: K/V repeated to the 16 q heads before SDPA, the
+    heads torch's ring moves, as the chain below was derived; false, the default: the 4 KV heads)."""
     kw = dict(CASES["16"], top=top)
-    r = search(config(kw.pop("nodes"), kw.pop("hbm_gb"), **kw), workers=1)
+    cfg = config(kw.pop("nodes"), kw.pop("hbm_gb"), **kw)
+    r = search(replace(cfg, memory=cfg.memory.model_copy(update={"kv_expanded": kv_expanded})), workers=1)
     return [(r.candidates.label(e.index), round(e.step_s * 1e3, 1)) for e in r.top]
 
 
@@ -75,7 +80,9 @@ def test_top_3_and_top_10_list_the_same_first_3_rows():
     full kept gathered 73.5 -> 74.7 ms (+1.2 ms, int's +1.26 ms at the branch's 0.1 ms rounding), 7th ->
     8th behind pp 2 x dp_replicate 2 x dp_shard 4 vpp 4 (73.5 ms, no tp: unchanged), and dp_replicate 2
     x dp_shard 4 x tp 2 mb 4 full 74.2 -> 75.5 ms, 9th -> 10th behind pp 2 x dp_shard 4 x cp 2 (74.1 ms,
-    no tp: unchanged).)"""
+    no tp: unchanged).)
+    (kvheads: the chain above is at the q heads, ``[memory] kv_expanded`` true, where torch's ring moves
+    K/V at the 16 q heads and repeat_kv copies run; the default's rows: next test.)"""
     want = [("dp_shard 16, mb 4, full, vpp 1, zero3", 58.2),
             ("pp 4 x dp_shard 4, mb 1, none, vpp 1, zero3, short end stages", 66.5),
             ("pp 2 x dp_shard 4 x tp 2, mb 1, none, vpp 2, zero3", 70.4)]
@@ -88,6 +95,27 @@ def test_top_3_and_top_10_list_the_same_first_3_rows():
                        ("dp_replicate 2 x dp_shard 4 x tp 2, mb 4, full, vpp 1, hsdp", 75.5)]
 
 
+def test_top_3_and_top_10_at_the_kv_heads_list_the_same_first_3_rows():
+    """The same at the default ``[memory] kv_expanded`` false (torchtitan's SDPA with ``enable_gqa``
+    reads the 4 KV heads; no repeat_kv copies): torch's ring moves K/V at 4 heads, not 16. The cp 2
+    mesh's vpp 2 setting, tight at the q heads (test above), is clear: its ring buffers at the
+    attention core step, gathered K/V 2 B x 2048 x 4 x 256 = 4 MiB, fp32 dQ 4 x 1024 x 16 x 128 = 8 MiB
+    (q heads) and four fp32 dK/dV of 4 x 2048 x 4 x 256 / 2 = 4 MiB, 28 MiB where the q heads' were 88
+    MiB: 3,063,439,360 - 60 MiB = 3,000,524,800 B, under its MLP's activation step, 3,042,467,840 B,
+    its peak again, under 0.85 x 3.6e9 = 3,060,000,000 B; its K/V gathers a quarter of the bytes, its
+    step 65.2 ms (read from the model; 67.4 ms before cpring moved the q heads), row 2. dp_shard 16
+    (mb 4, full) 58.2 -> 57.6 ms and pp 4 x dp_shard 4 66.5 -> 65.9 ms without the repeat_kv copies
+    (each op 2 x tokens x (16 + 4) heads x 128 x 2 B at 2.97 TB/s, 28.24 us at 8,192 tokens: 8 layers x
+    3 ops = 0.68 ms of kernels on dp_shard 16, 0.60 ms of the step, read from the model), row 1 and 3.
+    The same three rows at both cuts."""
+    want = [("dp_shard 16, mb 4, full, vpp 1, zero3", 57.6),
+            ("pp 2 x dp_shard 4 x cp 2, mb 1, none, vpp 2, zero3", 65.2),
+            ("pp 4 x dp_shard 4, mb 1, none, vpp 1, zero3, short end stages", 65.9)]
+    assert 3_063_439_360 - 60 * 2 ** 20 == 3_000_524_800 < 3_042_467_840 <= 0.85 * 3.6e9
+    assert round(8 * 3 * 2 * 8192 * 20 * 128 * 2 / 2.97e12 * 1e3, 2) == 0.68
+    assert _rows(3, kv_expanded=False) == _rows(10, kv_expanded=False)[:3] == want
+
+
 def _write(tmp_path, top: int, **search_kw) -> object:
     path = tmp_path / f"t{top}.toml"
     path.write_text(llama8b_node_search(["zero3"], top=top, headroom_tier=True, **search_kw))
@@ -98,11 +126,15 @@ def test_row_1_and_export_1_are_the_same_at_top_1(tmp_path, capsys):
     """Llama-3-8B on one dgx-h100 (tests/test_search_headroom.py's space: dp_shard 4 x tp 2 at no
     recompute, 1.852 s, peaks at 62.8 GiB, over 0.85 x 72e9 B = 57.0 GiB; its full recompute 2.404 s
     and dp_shard 8 at full recompute 2.195 s keep it). Row 1 is dp_shard 8 at ``--top`` 1, 2 and 10, and
-    ``--top 1 --export 1`` writes it; at dbb1e9ce ``--top 1`` showed dp_shard 4 x tp 2 (full, 2.404 s)."""
+    ``--top 1 --export 1`` writes it; at dbb1e9ce ``--top 1`` showed dp_shard 4 x tp 2 (full, 2.404 s).
+    (kvheads: no repeat_kv copies, ``[memory] kv_expanded`` false: dp_shard 8's one micro-batch of 2 x 8192
+    tokens ran 3 copy ops a layer (forward, replay, backward) of 2 x 16384 x (32 + 8) x 128 x 2 B =
+    335,544,320 B, 112.98 us at 2.97 TB/s, x 32 layers: 10.85 ms, 2.19543 -> 2.18458 s, 2.195 -> 2.185 s.)"""
     for top in (1, 2, 10):
         r = search(load_config(_write(tmp_path, top), require_mesh=False), workers=1)
         assert (r.candidates.label(r.top[0].index), round(r.top[0].step_s, 3)) == \
-            ("dp_shard 8, mb 2, full, vpp 1, zero3", 2.195), top
+            ("dp_shard 8, mb 2, full, vpp 1, zero3", 2.185), top
+    assert round(2.19543 - 32 * 3 * 335_544_320 / 2.97e12, 5) == 2.18458
     assert run_main("search", _write(tmp_path, 1), "--export", 1, "-o", tmp_path / "one.toml") == 0
     capsys.readouterr()
     written = (tmp_path / "one.toml").read_text()

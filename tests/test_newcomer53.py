@@ -58,8 +58,10 @@ def test_70b_cp16_tp8_float8_layer_saves_by_hand(tmp_path):
     job.write_text((DATA / "tt_70b_128k.toml").read_text().replace('mode = "full"', 'mode = "none"'))
     cfg = load_any(job, opts=H200x16)
     assert cfg.memory.sp_gathered_input and not cfg.memory.kv_expanded
-    # the cp rows still size K/V after repeat_kv (64 q heads): the note says v0.2.2's are 64 / 8 smaller
-    assert any("K and V at the 64 q heads" in n and "8x smaller than planned" in n for n in cfg.notes)
+    # the cp rows follow kv_expanded too (8 KV heads, as v0.2.2 moves them): the note says so, and that a
+    # torchtitan before ff0829c (repeat_kv, 64 q heads) moves 64 / 8 = 8x more
+    assert any("K and V at the 8 KV heads" in n and "8x larger: set [memory] kv_expanded = true" in n
+               for n in cfg.notes)
     assert not cfg.training.fp8_tp and any("float8 TP off" in n for n in cfg.notes)
     assert _saved(cfg) == int(712.25 * MiB) == 746_848_256
     assert _saved(replace(cfg, training=cfg.training.model_copy(update={"fp8_tp": True}))) == int(400.25 * MiB)

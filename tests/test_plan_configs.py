@@ -108,13 +108,15 @@ def test_context_parallel_rows_and_seq_check():
     # K and V of the full sequence: 2 * s * kv_local(8/4=2) * 128 * 2 bytes (all-gather CP)
     assert [r.op for r in cp] == ["all-gather", "reduce-scatter"]
     assert cp[0].size_bytes == 2 * 8192 * 2 * 128 * 2
-    # torch's ring (cp_attention unset under framework torch): K and V after repeat_kv, 32 / tp 4 = 8 q
-    # heads: 8192 x 8 x (128 + 128) x 2 B gathered; each fp32 dK/dV shift of the 8192 / cp 2 local tokens
+    # torch's ring (cp_attention unset under framework torch): K and V at the heads the SDPA reads, by default
+    # the 8 / tp 4 = 2 KV heads ([memory] kv_expanded false, enable_gqa; 32 / tp 4 = 8 q heads after repeat_kv):
+    # 8192 x 2 x (128 + 128) x 2 B gathered, the same as all-gather CP's; each fp32 dK/dV shift of the 8192 / cp 2
+    # local tokens
     ring = plan_of({"catalog": "llama3-8b"}, 4, {"names": ["dp_shard", "cp", "tp"], "shape": [4, 2, 4],
                                                   "sequence_parallel": True}, param_dtype="fp32")
     cp = [r for r in ring.collectives["stage 0"] if r.axis == "cp"]
-    assert [(r.op, r.size_bytes) for r in cp] == [("all-gather", 8192 * 8 * 256 * 2)] * 2 + [
-        ("send/recv", 8192 // 2 * 8 * 256 * 4)] * 2
+    assert [(r.op, r.size_bytes) for r in cp] == [("all-gather", 8192 * 2 * 256 * 2)] * 2 + [
+        ("send/recv", 8192 // 2 * 2 * 256 * 4)] * 2
     assert p.mesh.group_of(0, "fsdp") == [0, 4, 8, 12, 16, 20, 24, 28]
     bad = plan_of({"catalog": "llama3-8b"}, 4, {"names": ["dp_shard", "cp", "tp"], "shape": [4, 2, 4]},
                   seq_len=8190, global_batch=8)

@@ -74,9 +74,11 @@ def test_fix_lists_each_variant_with_the_peak_its_own_plan_gives(tmp_path):
     # cpmem: cp 2's peak 74,996,686,848 -> 75,003,518,976 B (69.8 -> 69.9 GiB), from the head's backward to layer
     # 79's attention core step, which holds torch's ring buffers (memory.cp_buffers; 2 x 4096 local tokens, 16 q
     # heads): the gathered K/V 2 B x 2 x 8192 x 16 x 256 = 128 MiB, fp32 dQ 4 x 8192 x 16 x 128 = 64 MiB, four fp32
-    # dK/dV buffers of 4 x 2 x 8192 x 16 x 256 / 2 = 128 MiB: 704 MiB beside its 72 MiB of gradients
+    # dK/dV buffers of 4 x 2 x 8192 x 16 x 256 / 2 = 128 MiB: 704 MiB beside its 72 MiB of gradients. kvheads: the
+    # ring's K/V at the 2 local KV heads the SDPA reads ([memory] kv_expanded false), the gathered K/V and the dK/dV
+    # buffers an eighth, so that step falls under the head's backward again: 69.9 -> 69.8 GiB (read from the model)
     assert (_gib(p), _gib(full), _gib(seed), _gib(mb1), _gib(piped), _gib(cp2)) == \
-        ("121.5 GiB", "25.3 GiB", "69.1 GiB", "69.7 GiB", "163.8 GiB", "69.9 GiB")
+        ("121.5 GiB", "25.3 GiB", "69.1 GiB", "69.7 GiB", "163.8 GiB", "69.8 GiB")
     steps = [step_time(x).step_s for x in (full, seed, mb1, cp2)]
     assert steps == sorted(steps)  # the order the line lists them in
     # per-layer AC (layerac): ac_freq 2 checkpoints 40 of the 80 layers, each keeping its 64 MiB input
@@ -98,8 +100,10 @@ def test_cp_from_the_data_axis_is_offered_where_it_fits_and_is_faster(tmp_path):
     GiB usable it did not, and cp 4, then 43.4 GiB, was offered), and its step is shorter than recompute
     full's, which replays every layer's forward: it is listed first; cp 4 is not offered. (cpring: with
     torch's ring CP traffic in the table, spec.axes.cp.ring_rows, cp 4 beside tp 8 spans nodes and its
-    K/V gathers and dK/dV shifts through the NICs make it slower than recompute full; cp 2 stays
-    the fastest.)"""
+    K/V gathers and dK/dV shifts through the NICs made it slower than recompute full, 626.4 s; kvheads: torch's
+    ring moves K/V at the heads its SDPA reads, the one local KV head under enable_gqa, not the 8 q heads, an
+    eighth of the bytes, and cp 4 is 435.5 s, between cp 2 and recompute full; cp 2 stays the fastest and the
+    smallest cp that fits, so cp 4 is still not offered.)"""
     text = (EXAMPLES / "seed-64gpu.toml").read_text().replace("seq_len = 8192", "seq_len = 32768") \
         .replace('system = "seed-8x8-2nic"', 'system = "dgx-h100"').replace('recompute = "selective"', 'recompute = "none"')
     f = tmp_path / "llama3-70b_64xh100_seq32k.toml"
@@ -112,9 +116,22 @@ def test_cp_from_the_data_axis_is_offered_where_it_fits_and_is_faster(tmp_path):
     # step with torch's ring buffers (8192 local tokens, 8 q heads): the gathered K/V 2 B x 32768 x 8 x 256 = 128
     # MiB, its 1/4 concatenated 32 MiB, fp32 dQ 4 x 8192 x 8 x 128 = 32 MiB, four fp32 dK/dV of 64 MiB: 448 MiB;
     # cp 2's stays the head's forward (74,383,212,544 B)
-    assert (_gib(p), _gib(cp2), _gib(cp4), _gib(full)) == ("121.3 GiB", "69.3 GiB", "43.5 GiB", "25.0 GiB")
+    # kvheads ([memory] kv_expanded false, the default: enable_gqa's SDPA reads the 1 local KV head): the ring's
+    # buffers at 1 head, gathered K/V 2 B x 32768 x 1 x 256 = 16 MiB, its 1/4 concatenated 4 MiB, fp32 dQ (q heads)
+    # 32 MiB, four fp32 dK/dV of 8 MiB: 84 MiB, 364 MiB (381,681,664 B) less, so the attention core step is
+    # 46,662,352,896 - 381,681,664 = 46,280,671,232 B, under the step that peaked before cpmem: cp 4's peak is
+    # that one again, 46,649,753,600 B = 43.4 GiB
+    assert round(46_662_352_896 - (448 - 84) * 2 ** 20) == 46_280_671_232 < 46_649_753_600
+    assert (_gib(p), _gib(cp2), _gib(cp4), _gib(full)) == ("121.3 GiB", "69.3 GiB", "43.4 GiB", "25.0 GiB")
     assert cp2.feasible and cp4.feasible and full.feasible
-    assert step_time(cp2).step_s < step_time(full).step_s < step_time(cp4).step_s
+    # kvheads: cp 4's K/V all-gather per layer and micro-batch an eighth of the 8 q heads' (16 MiB gathered, 12 MiB
+    # received, ~0.27 ms through its 50 GB/s NIC where the q heads' took 2.15 ms): it hides under the ring's SDPA
+    # steps (8 q heads x 8192^2 x 256 FLOP = 137 GFLOP, ~0.37 ms at 370 TFLOP/s) and its exposed cp falls
+    # 181.5 -> 3.9 s; without the repeat_kv copies its compute 384.6 -> 371.3 s: cp 4 626.4 -> 435.5 s, now
+    # shorter than recompute full (481.6 s: every layer's forward replayed) and still longer than cp 2 (391.2 s)
+    c2, c4, cf = step_time(cp2), step_time(cp4), step_time(full)
+    assert round(c4.parts_s()["exposed cp"], 1) == 3.9 and round(c4.parts_s()["compute"], 1) == 371.3
+    assert (round(c2.step_s, 1), round(c4.step_s, 1), round(cf.step_s, 1)) == (391.2, 435.5, 481.6)
     assert memory_fix(p) == (f"fix: cp 2 (dp_shard 4 x cp 2 x tp 8) -> peak 69.3 GiB (fits; {_step(cp2)}{_tight(cp2)}); "
                              f"recompute full -> peak 25.0 GiB (fits; {_step(full)}) (usable 71.2 GiB)")
     # under Megatron-LM (bf16 parameters: its default) the same candidate; under DeepSpeed's ZeRO-3, which has no

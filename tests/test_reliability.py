@@ -343,7 +343,14 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
     dp_shard 8 (9.104 s, 115,172 tokens/s, as docs/commands.md's sample), which has no ring; without that term cp 2 would be first (the proposal before the
     ring was counted, 1d93a21). Since torch's ring traffic is the table's too (issue 11, cp_attention
     "ring": spec.axes.cp.ring_rows) cp 2 also exposes each layer's last fp32 dK/dV shift: 9.70 s, and
-    it stays second without the merge term (9.15 s)."""
+    it stays second without the merge term (9.15 s). (kvheads: the ring's K/V are the 8 KV heads the SDPA
+    reads, ``[memory] kv_expanded`` false: n_kv = 8 x 2048 x 256 = n_q / 2, and the block is cp rank 0 (its
+    slower SDPA now outweighs rank 1's extra merge bytes, test_ring_attention.test_small_blocks_at_the_kv_heads_by_hand):
+    forward n_q (12 + 27) + n_kv x 8 = 43 n_q = 360,710,144 B (replayed once more), backward n_q (20 + 13) +
+    n_kv (24 + 10 + 4 + 16) = 60 n_q = 503,316,480 B: 64 x 11 x 146 n_q / 2.97 TB/s = 0.290 s. cp 2 9.28 s
+    (its cp traffic a half), pp 3 x dp_shard 8 9.07 s (the repeat_kv copies gone): cp 2 still second, and
+    without the ring's kernels it would be first again (8.99 s): they order the two, as before the traffic
+    was counted.)"""
     from meshplan.compute.kernel_fragment import kernel_data
     from meshplan.schedule.rank_timeline import Overlap
     from meshplan.schedule.steptime import step_time
@@ -369,13 +376,14 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
     # the term that orders them: the ring's bytes on cp 2's critical stage 0, derived in the docstring
     ring = [o for chunk in chunk_costs(cp_plan, workload_of(cp_plan))[0] for layer in chunk.layers
             for o in layer.ops if o.name.startswith("cp ring")]
-    per_layer = 553_648_128 + 553_648_128 + 1_207_959_552
+    per_layer = 360_710_144 + 360_710_144 + 503_316_480  # 146 n_q (docstring, kvheads)
     assert len(ring) == 3 * 11 and sum(o.size_bytes for o in ring) == 11 * per_layer
     ring_s = 64 * sum(o.seconds for o in ring)
     assert ring_s == pytest.approx(64 * 11 * per_layer / kernel_data(cp_plan.config.cluster.gpu).stream_bytes_per_s)
-    assert round(ring_s, 3) == 0.549 and cp.critical_stage == 0
-    assert new.step_s < cp.step_s - ring_s < cp.step_s  # 9.104 < 9.154 < 9.703 s
-    assert cp.exposed_s["cp"] > cp.step_s - ring_s - new.step_s  # the ring's exposed traffic orders them now
+    assert round(ring_s, 3) == 0.290 and cp.critical_stage == 0
+    # kvheads: 8.994 < 9.074 < 9.284 s (9.104 < 9.154 < 9.703 s at the q heads, where the exposed traffic ordered them)
+    assert cp.step_s - ring_s < new.step_s < cp.step_s
+    assert (round(cp.step_s - ring_s, 3), round(new.step_s, 3), round(cp.step_s, 3)) == (8.994, 9.074, 9.284)
     # the job's kind (dp_shard x ep 8, pp 1): dp_shard 16 keeps 256 (the 9th proposal; pp 3 on 24 GPUs plans more
     # than REMESH_MARGIN, 29.4%, over it: passed over, the only restart of these three examples that still remeshes);
     # dp_shard 24 on all 24 GPUs needs global batch 256 // 24 x 24 = 240 and its experts efsdp 24 / 8 = 3, which
@@ -808,7 +816,8 @@ def test_deepspeed_restart_varies_the_data_axis_only_and_writes_as_deepspeed(cap
     rc, out, err = _deepspeed_cli(capsys, 4096)  # the plan fits: dp 16 -> dp 8, the data axis alone
     assert rc == 0 and "infeasible" not in err
     assert "restart: world 16 -> 8; mesh dp 16 -> dp 8 (shrunk: dp 16 -> 8)\n" in out
-    assert "of the throughput lost (the 16-GPU plan: step 5.80 s" in out
+    # kvheads: 5.80 -> 5.77 s, the repeat_kv copies gone (28.9 ms a step, test_words' zero2 row)
+    assert "of the throughput lost (the 16-GPU plan: step 5.77 s" in out
 
 
 def test_deepspeed_engine_rules_keep_tp_cp_and_pp_where_the_engine_refuses_it():

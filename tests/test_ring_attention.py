@@ -48,7 +48,9 @@ def test_no_ring_at_cp1_and_compiled_below_eager():
 
 
 def _w(**kw) -> Workload:
-    base = dict(seq_len=65536, micro_batch=1, cp=2, recompute="full", torch_ring_attention=True)
+    # torchtitan's T2 rows ran 9dec370 (Dec 2024), whose llama repeats K and V to the q heads before SDPA
+    # (repeat_kv): [memory] kv_expanded true, the K/V these by-hand counts take
+    base = dict(seq_len=65536, micro_batch=1, cp=2, recompute="full", torch_ring_attention=True, kv_expanded=True)
     return Workload(**{**base, **kw})
 
 
@@ -152,10 +154,11 @@ def test_ring_seconds_by_hand_h100_cp4_32k():
 H100 = catalog.gpu("h100-sxm5-80gb")
 
 
-def _small(cp: int, eager: bool) -> dict:
-    """Llama 3 8B at seq 4,096 on the H100 SXM (Triad 2.97 TB/s, FA2 rows of kernels.toml S7c / S8), cp ``cp``."""
+def _small(cp: int, eager: bool, kv_expanded: bool = True) -> dict:
+    """Llama 3 8B at seq 4,096 on the H100 SXM (Triad 2.97 TB/s, FA2 rows of kernels.toml S7c / S8), cp ``cp``;
+    K and V repeated to the 32 q heads (``kv_expanded``, torchtitan before ff0829c) unless told otherwise."""
     w = Workload(seq_len=4096, micro_batch=1, cp=cp, recompute="none", torch_ring_attention=True,
-                 torch_eager=eager, attention_kernels=SDPA_KERNELS)
+                 torch_eager=eager, attention_kernels=SDPA_KERNELS, kv_expanded=kv_expanded)
     return {(o.name, o.phase): o for o in layer_cost(LLAMA8B, H100, w).ops
             if o.block == "attn" and (o.kind == "attention" or o.name.startswith("cp ring"))}
 
@@ -211,7 +214,32 @@ def test_small_cp2_block_is_one_rank_by_hand():
     assert ops[(GRAD_ACCUMULATION, "backward_input")].size_bytes == 144 * n_q
 
 
-def test_slowest_rank_considers_every_rank():
+def test_small_blocks_at_the_kv_heads_by_hand():
+    """The default, ``[memory] kv_expanded`` false (torchtitan ff0829c and later: enable_gqa, no repeat_kv):
+    the ring's K/V are the 8 KV heads', n_kv = 8 x L x 256 = n_q / 2 (n_q = 32 x L x 128), a quarter of the
+    repeated K/V of the tests above; the SDPA calls are the same (the q heads' FLOP). Ring bytes in Q
+    elements (ring_bytes), r = rank, p = cp - 1 - r.
+    cp 4 (n_q 4,194,304), compiled: rank 0 forward 12 + 3 x 9 + 4 x 1/2 = 41, backward 39 + (16 + 3 x 10) / 2
+    = 62 (103); rank 3 44 and 42 + (16 + 27) / 2 = 63.5 (107.5): 4.5 Q more, 6.4 us, against rank 0's
+    43.7 us more SDPA: rank 0. Eager: rank 0 forward 93 + 16 / 2 = 101, backward 59 + (24 + 30 + 12 + 32) / 2
+    = 108 (209); rank 3 126 + 8 = 134 and 50 + (24 + 39 + 44) / 2 = 103.5 (237.5): 28.5 Q more, 28.5 x
+    4,194,304 B / 2.97 TB/s = 40.2 us < 43.7 us: rank 0 now (rank 3 with the repeated K/V).
+    cp 2 (n_q 8,388,608), compiled: rank 0 21 + 4 / 2 = 23 and 21 + 26 / 2 = 34; rank 1 24 and 22 + 25 / 2 =
+    34.5: rank 0. Eager: rank 0 39 + 8 / 2 = 43 and 33 + (24 + 10 + 4 + 16) / 2 = 60 (103); rank 1 54 and
+    30 + 57 / 2 = 58.5 (112.5): 9.5 Q more, 26.8 us < rank 0's 31.9 us more SDPA: rank 0."""
+    assert 28.5 * 4_194_304 / 2.97e12 == pytest.approx(4.02e-5, rel=1e-2)
+    assert 9.5 * 8_388_608 / 2.97e12 == pytest.approx(2.68e-5, rel=1e-2)
+    for cp, n_q, want in ((4, 4_194_304, {False: (41, 62), True: (101, 108)}),
+                          (2, 8_388_608, {False: (23, 34), True: (43, 60)})):
+        for eager, (f, b) in want.items():
+            ops = _small(cp, eager, kv_expanded=False)
+            assert ops[(MERGE, "forward")].size_bytes == f * n_q
+            assert ops[(GRAD_ACCUMULATION, "backward_input")].size_bytes == b * n_q
+            assert ops[(MERGE, "forward")].note.startswith("cp rank 0: ")
+
+
+@pytest.mark.parametrize("kv_expanded", [False, True])
+def test_slowest_rank_considers_every_rank(kv_expanded):
     # the choice is the argmax over all cp ranks of SDPA + ring kernels. A middle rank is never strictly the
     # slowest: rank r runs r calls of L x L/2 and cp - 1 - r of L/2 x L, and its ring bytes are a + b r
     # (ring_bytes), so each term is affine in r under a max (issue floor, memory_kernel_seconds' floor):
@@ -222,17 +250,19 @@ def test_slowest_rank_considers_every_rank():
     from meshplan.compute.shapes import Attention
     d = kernel_data("h100-sxm5-80gb")
     att = Attention(1, 32, 8, 1024, 4096, 128)
+    n_kv = 8_388_608 if kv_expanded else 2_097_152  # 32 q heads x 1,024 x 256, or the 8 KV heads'
     for eager in (False, True):
-        w = Workload(seq_len=4096, cp=4, torch_ring_attention=True, torch_eager=eager, attention_kernels=SDPA_KERNELS)
+        w = Workload(seq_len=4096, cp=4, torch_ring_attention=True, torch_eager=eager, attention_kernels=SDPA_KERNELS,
+                     kv_expanded=kv_expanded)
         totals = []
         for rank in range(4):
             f, b, _ = ring_attention.ring_seconds(d, att, 4, rank, SDPA_KERNELS)
-            fb, bb = ring_bytes(4_194_304, 8_388_608, 4, eager, rank)
+            fb, bb = ring_bytes(4_194_304, n_kv, 4, eager, rank)
             totals.append(issue_floor(H100, f) + issue_floor(H100, b) + memory_op_seconds(H100, fb)
                           + memory_op_seconds(H100, bb))
         chosen = ring_attention.slowest_rank(H100, att, w, d)
         assert totals[chosen.rank] == pytest.approx(max(totals))
-        assert chosen.rank == (3 if eager else 0)
+        assert chosen.rank == (3 if eager and kv_expanded else 0)  # test_small_blocks_at_the_kv_heads_by_hand
         assert all(totals[r] <= (totals[r - 1] + totals[r + 1]) / 2 * (1 + 1e-12) for r in (1, 2))  # convex in r
 
 

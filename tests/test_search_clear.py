@@ -63,23 +63,33 @@ def test_row_1_with_two_warnings_points_to_the_first_clear_row(to_pp8):
     dp_shard 2 x tp 2, none, vpp 4, 4.42 GiB, 0.1272 s: headroom (vppevict's window re-gathers, timed at
     their pass, had moved it from 0.1269 s to 0.1278 s, within 1% of its vpp 2 twin's 0.1286 s, and the
     tie rule listed vpp 2; timed from torch's UNSHARD, schedule.window_unshard, they hide behind the ops
-    before their pass: 0.1272 s, 1.1% under vpp 2's); 3 pp 4 x tp 2 zbv, none (no AC, no data axis):
-    4.88 GiB, headroom; 4 pp 4 x dp_shard 2 zbv, full, 4.53 GiB: both; 5 pp 8, full, vpp 1 (1F1B), 3.36
+    before their pass: 0.1272 s, 1.1% under vpp 2's); 3 pp 4 x dp_shard 2 zbv, full, 4.53 GiB: both;
+    4 pp 4 x tp 2 zbv, none (no AC, no data axis): 4.88 GiB, headroom; 5 pp 8, full, vpp 1 (1F1B), 3.36
     GiB: none, so row 5 is the first clear row: 1 - 3.36 / 5.03 = 33.1% free. The old lines named
     row 2 (the first without a V schedule, over the margin) and no row (headroom, rows 2-4 shown
     first) in turn. Every row is kept gathered, the default under torch with pp > 1
     (TrainingSpec.reshard_default), so no label says so (searchraf: ", keep gathered" on rows 1, 2
-    and 4 before)."""
+    and 4 before). (kvheads: rows 3 and 4 swapped. Without the repeat_kv copies ([memory] kv_expanded
+    false, SDPA reads the KV heads) pp 4 x dp_shard 2 (tp 1: each copy op 2 x 8192 x (16 + 4) x 128 x 2 B
+    = 83,886,080 B, 28.24 us at 2.97 TB/s; 3 a layer under full, 2 layers a stage, 8 micro-batches of 4:
+    1.36 ms) went 0.15593 -> 0.15458 s and pp 4 x tp 2 (at tp 2 half the bytes, 14.12 us, 2 a layer at
+    none, 16 micro-batches: 0.90 ms) is 0.15316 s; the two are now within 1% (0.92%), where the tie rule
+    lists the lower tp*pp*cp*ep first, 4 against 8 (meshplan.search.rank.TOWARD); steps read from the model
+    at kv_expanded false and true.)"""
     r = to_pp8
     labels = [r.candidates.label(e.index) for e in r.top]
     assert labels == ["pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, zbv",
                       "pp 2 x dp_shard 2 x tp 2, mb 4, none, vpp 4, zero3",
-                      "pp 4 x tp 2, mb 4, none, vpp 2, zero3, zbv",
                       "pp 4 x dp_shard 2, mb 4, full, vpp 2, zero3, zbv",
+                      "pp 4 x tp 2, mb 4, none, vpp 2, zero3, zbv",
                       "pp 8, mb 4, full, vpp 1, zero3"]
+    three, four = r.top[2].step_s, r.top[3].step_s   # kvheads: within the 1% tie band, the lower tp*pp first
+    assert four < three and round((three - four) / three, 4) == 0.0092
+    assert round(2 * 3 * 8 * 2 * 8192 * 20 * 128 * 2 / 2.97e12 * 1e3, 2) == 1.36   # pp 4 x dp_shard 2's copies
+    assert round(2 * 2 * 16 * 2 * 8192 * 10 * 128 * 2 / 2.97e12 * 1e3, 2) == 0.90   # pp 4 x tp 2's
     assert usable_bytes(r.config.cluster, r.config.training) == pytest.approx(5.4e9)
     v = clear_verdict(r)
-    assert list(v.warnings) == _by_hand(r) == [(HEADROOM, SPLIT_AC), (HEADROOM,), (HEADROOM,), (HEADROOM, SPLIT_AC), ()]
+    assert list(v.warnings) == _by_hand(r) == [(HEADROOM, SPLIT_AC), (HEADROOM,), (HEADROOM, SPLIT_AC), (HEADROOM,), ()]
     assert v.first == 5
     one, five = r.top[0], r.top[4]
     free = 1 - five.peak_bytes / 5.4e9
@@ -109,15 +119,15 @@ def test_json_carries_it(to_pp8):
 
 
 def test_export_of_a_warned_row_repeats_the_pointer(to_pp8):
-    """--export 3 (pp 4 x tp 2 zbv, over the margin): the headroom words for row 3, then the pointer
-    with row 3 as its subject, row 5's step against row 3's; --export 5 (clear) writes neither;
-    --export 1 the line under the table."""
+    """--export 4 (pp 4 x tp 2 zbv, over the margin; row 3 before kvheads, test above): the headroom
+    words for row 4, then the pointer with row 4 as its subject, row 5's step against row 4's; --export 5
+    (clear) writes neither; --export 1 the line under the table."""
     r = to_pp8
-    words, pointer = export_warnings(r, (3, ""))
-    assert words.startswith("row 3 keeps less than 15% of the usable memory free (#3 pp 4 x tp 2, mb 4, none, vpp 2")
-    assert pointer.startswith("row 3 has 1 of the search's row warnings (under 15% of usable memory free); row 5 is "
+    words, pointer = export_warnings(r, (4, ""))
+    assert words.startswith("row 4 keeps less than 15% of the usable memory free (#4 pp 4 x tp 2, mb 4, none, vpp 2")
+    assert pointer.startswith("row 4 has 1 of the search's row warnings (under 15% of usable memory free); row 5 is "
                               "the first row shown with none of them (pp 8, mb 4, full, vpp 1, zero3: ")
-    assert f"longer than row 3's {r.top[2].step_s:.3f} s); " in pointer
+    assert f"longer than row 4's {r.top[3].step_s:.3f} s); " in pointer
     assert export_warnings(r, (5, "")) == ()
     assert "warning: " + export_warnings(r, (1, ""))[-1] == clear_lines(r)[0]
 
@@ -146,12 +156,12 @@ def test_no_row_clear_names_each_warning_with_its_setting():
     """pp 2/4 ranked by step alone (headroom tiers off: with them each mesh is shown at a setting
     that keeps the margin, as above): the first 4 rows of the search above, no pp 8 row: every row
     over the margin (4 of 4),
-    rows 1 and 4 under a V schedule with AC (2 of 4): no row is clear; [memory]
+    rows 1 and 3 under a V schedule with AC (2 of 4; rows 1 and 4 before kvheads, first test): no row is clear; [memory]
     fragmentation_fraction = 0.15 leaves the first out of a search, [search] pp_schedules = ["1f1b"]
     (zbv and dualpipev dropped from the three) the second."""
     r = _search([2, 4])
     assert [r.candidates.label(e.index).split(", mb")[0] for e in r.top] == [
-        "pp 2 x dp_shard 4", "pp 2 x dp_shard 2 x tp 2", "pp 4 x tp 2", "pp 4 x dp_shard 2"]
+        "pp 2 x dp_shard 4", "pp 2 x dp_shard 2 x tp 2", "pp 4 x dp_shard 2", "pp 4 x tp 2"]
     v = clear_verdict(r)
     assert list(v.warnings) == _by_hand(r) and v.first is None
     assert clear_lines(r) == [

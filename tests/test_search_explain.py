@@ -122,11 +122,18 @@ def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys)
     assert done.value.code == 0 and top_heading(2) in text
     rows = [float(x) for x in re.findall(r"│ \d │ [^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│ +([\d.]+) │", text)]
     meshes = re.findall(r"│ \d │ ((?:pp|dp_replicate|dp_shard|cp|tp) \d[^│]*?) +│", text)
-    assert meshes == ["pp 2 x dp_shard 4", "dp_replicate 2 x dp_shard 4"]
-    assert rows == [7.417, 7.624] and "longer than the fastest's" not in text
+    # kvheads: the ring moves the 8 KV heads the SDPA reads ([memory] kv_expanded false, enable_gqa), a quarter of
+    # the q heads' gathers and shifts and of the ring kernels' K/V terms, and no repeat_kv copies run: dp_shard 4 x
+    # cp 2 (7.670 s before) is 7.398 s, within 1% of pp 2 x dp_shard 4 (7.417 -> 7.386 s, the copies gone) and
+    # first by the tie rule (no setting off its default; pp 2 runs resharded); the title says the top is longer
+    assert meshes == ["dp_shard 4 x cp 2", "pp 2 x dp_shard 4"]
+    assert rows == [7.398, 7.386] and "top's step 7.398 s is 0.16% longer than the fastest's (#2, 7.386 s)" in text
     assert (round(7.40973 + 16 * 0.4406e-3, 3), round(7.61410 + (8 * (664.7445 - 663.5622) - 0.0096) / 1e3, 3)) \
-        == (7.417, 7.624)   # the unrounded steps before
+        == (7.417, 7.624)   # the unrounded steps before nicshare4 (docstring)
+    # the vpp 8 mesh below, by hand at K and V repeated to the 32 q heads ([memory] kv_expanded true, torchtitan
+    # before ff0829c: n_kv = 2 n_q, 134 MB gathers), the sizes its numbers were derived at
     cfg = load_config(path)
+    cfg = dataclasses.replace(cfg, memory=cfg.memory.model_copy(update={"kv_expanded": True}))
     mesh = {"names": ["pp", "dp_shard", "cp"], "shape": [2, 2, 2], "virtual_stages": 8,
             "pp_schedule": "interleaved_1f1b"}
     training = cfg.training.model_copy(update={"reshard_after_forward": False})
@@ -410,8 +417,11 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     narrow = {"pp": [4, 8], "tp": [2, 4], "cp": [2, 4], "micro_batch": [1], "recompute": ["none"],
               "sharding": ["zero3"], "reshard_after_forward": [False], "tp_comm_overlap": [False], "vpp": [1],
               "headroom_tier": False}  # the tie rule's line: ranked by step alone (its rows keep under 15% free)
+    # kvheads: [memory] kv_expanded true, K and V at the q heads (repeat_kv, torchtitan before ff0829c), the sizes
+    # every step above was derived at; at the KV heads (the default) its cp traffic is a quarter (test_cp_kv_heads)
     cfg = dc.replace(cfg, training=cfg.training.model_copy(update={"torch_compile": True}),
-                     search=cfg.search.model_copy(update=narrow))
+                     search=cfg.search.model_copy(update=narrow),
+                     memory=cfg.memory.model_copy(update={"kv_expanded": True}))
     r = search(cfg, workers=1)
     steps = [e.step_s for e in r.top]
     labels = [r.candidates.label(e.index).split(",")[0] for e in r.top]
@@ -551,13 +561,17 @@ def test_an_unplanned_twin_is_planned_not_ranked_last_for_lack_of_a_peak():
     assert ranked(c, steps, 3, peaks=true_peak) == [1, 2]  # one row per mesh: 0 is 1's mesh
 
 
-def _trial_pair():
+def _trial_pair(kv_expanded: bool = True):
     """The newcomer trial's top two (torchtitan Llama-3-70B on 8 dgx-h100, global batch 16 x 8192,
     torch.compile, no recompute, async TP, zero3): #1 dp_shard 16 x tp 4 at micro-batch 1, #2 dp_shard
-    8 x cp 2 x tp 4 at micro-batch 2: the same tokens per rank (8192) and one micro-batch each."""
+    8 x cp 2 x tp 4 at micro-batch 2: the same tokens per rank (8192) and one micro-batch each.
+    ``[memory] kv_expanded`` true by default here: K and V repeated to the q heads before SDPA (torchtitan
+    before ff0829c), the n_kv = 2 n_q and q-head cp traffic the by-hand counts of its tests take
+    (kvheads: meshplan's default is false, the KV heads, enable_gqa)."""
     base = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 8},
             "training": {"global_batch": 16, "seq_len": 8192, "param_dtype": "fp32", "recompute": "none",
-                         "vocab_pad_divisor": 1, "tp_comm_overlap": True, "torch_compile": True}}
+                         "vocab_pad_divisor": 1, "tp_comm_overlap": True, "torch_compile": True},
+            "memory": {"kv_expanded": kv_expanded}}
     out = []
     for mb, names, shape in ((1, ["dp_shard", "tp"], [16, 4]), (2, ["dp_shard", "cp", "tp"], [8, 2, 4])):
         plan = build_plan(config_from_dict({**base, "training": {**base["training"], "micro_batch": mb},

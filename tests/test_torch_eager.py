@@ -8,6 +8,8 @@ Llama 3 8B on one H100 rank, 8,192 tokens (one sequence), bf16: gate activation 
 
 from pathlib import Path
 
+from dataclasses import replace
+
 import pytest
 
 from meshplan import catalog
@@ -44,8 +46,11 @@ def test_eager_layer_kernels_by_hand():
     rope = [(o.name, o.size_bytes) for o in eager.ops if o.phase == "forward" and o.name.startswith("rope")]
     assert rope == [("rope upcast", 6 * Q), ("rope complex mul", 8 * Q), ("rope downcast", 6 * Q),
                     ("rope upcast", 6 * K), ("rope complex mul", 8 * K), ("rope downcast", 6 * K)]
-    # repeat_kv (32 q heads over 8 KV heads) in both: K and V each read once, written 4 times
-    assert f["repeat_kv"] == e["repeat_kv"] == 2 * 2 * (K + Q)
+    # no repeat_kv by default ([memory] kv_expanded false: the SDPA takes the 8 KV heads, enable_gqa)
+    assert "repeat_kv" not in f and "repeat_kv" not in e
+    # with kv_expanded (32 q heads over 8 KV heads) in both: K and V each read once, written 4 times
+    fx, ex = (_bytes(layer_cost(LLAMA, H100, replace(_work(eager), kv_expanded=True)), "forward") for eager in (False, True))
+    assert fx["repeat_kv"] == ex["repeat_kv"] == 2 * 2 * (K + Q)
     b = _bytes(eager, "backward_input")
     assert (b["silu grad"], b["silu x up grad"]) == (6 * A, 12 * A)
     assert _bytes(fused, "backward_input")["silu x up"] == 10 * A

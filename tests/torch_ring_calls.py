@@ -1,6 +1,7 @@
 """Run torch 2.13's own context-parallel ring attention (``_templated_ring_attention`` and its
-backward) on one rank (rank 1) of a fake process group of cp 4, CPU flash SDPA, bf16 q, k, v of
-shape (1, 4, 8, 16), and record the functional collectives it issues (all-gathers and
+backward) on one rank (rank 1) of a fake process group of cp 4, CPU flash SDPA, bf16 q of shape
+(1, 4, 8, 16) and k, v of (1, kv_heads, 8, 16) (2: grouped heads as SDPA's ``enable_gqa`` passes them,
+which torch 2.13's CPU flash kernel reads as they are; 4: repeated to the q heads), and record the functional collectives it issues (all-gathers and
 all_to_all_single) with their input bytes: what tests/test_cp_ring.py and tests/test_cp_alltoall.py
 compare with the collective table's cp rows. Needs torch (callers importorskip it first)."""
 
@@ -9,9 +10,10 @@ from __future__ import annotations
 from typing import Optional
 
 
-def ring_calls(rotate: Optional[str] = None) -> tuple[list, list]:
+def ring_calls(rotate: Optional[str] = None, kv_heads: int = 4) -> tuple[list, list]:
     """(forward calls, backward calls), each a list of (op name, input bytes); ``rotate``: torch's
-    ``set_rotate_method`` for the run ("allgather", "alltoall"; None keeps torch's), restored after."""
+    ``set_rotate_method`` for the run ("allgather", "alltoall"; None keeps torch's), restored after;
+    ``kv_heads``: K's and V's heads (of 4 q heads)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor.experimental._context_parallel import _attention as ring
@@ -35,7 +37,8 @@ def ring_calls(rotate: Optional[str] = None) -> tuple[list, list]:
     try:
         if rotate is not None:
             ring.set_rotate_method(rotate)
-        q, k, v = (torch.randn(b, h, n, d, dtype=torch.bfloat16) for _ in range(3))
+        q = torch.randn(b, h, n, d, dtype=torch.bfloat16)
+        k, v = (torch.randn(b, kv_heads, n, d, dtype=torch.bfloat16) for _ in range(2))
         fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
         def bwd(query, key, value, out, logsumexp, is_causal, grad_out):

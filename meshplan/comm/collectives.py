@@ -64,7 +64,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                      grad_bucket_elements: Optional[int] = None,
                      deepspeed_prefetch: Optional[tuple[int, int]] = None,
                      deepspeed_reuse: Optional[int] = None,
-                     paths: Optional[dict] = None) -> list[CollectiveRow]:
+                     paths: Optional[dict] = None, kv_expanded: bool = False) -> list[CollectiveRow]:
     """Rows for pipeline stage ``stage`` holding ``stage_layers`` (layer indices) in ``vpp``
     chunks (``chunks``: the layers of each; default ``vpp`` equal runs of ``stage_layers``),
     run under ``schedule`` with ``micro_batches`` micro-batches; ``grad_bucket_elements``: DDP's
@@ -75,7 +75,8 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     deepspeed_max_reuse_elements``; None: DeepSpeed's 1e9);
     ``paths``: the axes' paths (:func:`~meshplan.comm.row.axis_path`) found so far for this
     ``mesh``, ``placement`` and ``cluster``, filled in place (the tables of one plan's stages
-    share them; default: a new dict)."""
+    share them; default: a new dict); ``kv_expanded``: ``[memory] kv_expanded``, the K/V heads
+    torch's ring attention moves (:func:`meshplan.spec.axes.tp.sdpa_kv_heads`)."""
     rows: list[CollectiveRow] = []
     add = _row_adder(rows, mesh, placement, cluster, micro_batches, max(len(stage_layers), 1),
                      {} if paths is None else paths)
@@ -89,7 +90,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                        bucket_elements=grad_bucket_elements,
                        deepspeed_prefetch=deepspeed_prefetch or MemoryOptions().deepspeed_prefetch_bytes(training),
                        deepspeed_reuse=deepspeed_reuse, domain=placement.domain, placement=placement,
-                       cluster=cluster)
+                       cluster=cluster, kv_expanded=kv_expanded)
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:

@@ -37,7 +37,8 @@ class StageContext:
     ``domain`` (each rank's NVLink domain, shape (world,): which pp boundaries stay on NVLink,
     :func:`meshplan.comm.pp_rows.pp_rows`), ``placement`` and ``cluster`` (where the pp rows
     time the stage's other boundaries, :func:`meshplan.comm.pp_rows.timed_boundary`; None: not
-    timed)."""
+    timed), ``kv_expanded`` (``[memory] kv_expanded``: the K/V heads torch's ring moves,
+    :func:`meshplan.spec.axes.tp.sdpa_kv_heads`)."""
 
     model: ModelSpec
     training: TrainingSpec
@@ -58,6 +59,7 @@ class StageContext:
     domain: Optional[np.ndarray] = None  # rank -> NVLink domain (placement.domain; None: pp rows on the pp axis's path)
     placement: Optional[object] = None  # the plan's placement (the pp rows' other boundaries timed on it)
     cluster: Optional[object] = None  # its ClusterSpec
+    kv_expanded: bool = False  # [memory] kv_expanded: torch's SDPA reads K/V at the q heads (spec.axes.tp.sdpa_kv_heads)
 
     def layer_recomputed(self, k: int) -> bool:
         """Whether the stage's ``k``-th layer (``layers[k]``) is checkpointed in full

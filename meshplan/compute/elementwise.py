@@ -1,7 +1,8 @@
 """The memory-bound ops of a transformer layer on one rank (:mod:`meshplan.compute.ops`'
 conventions): norms (fused, Megatron-LM's persistent layer norm, or torchtitan's decomposed
 RMSNorm), residual adds and their gradients' accumulation, the activation, RoPE, MLA's latent
-norms, torchtitan's ``repeat_kv``, the MoE permutation (:func:`elementwise_ops`), and the linear
+norms, torchtitan's ``repeat_kv`` (with ``[memory] kv_expanded`` alone: since pytorch/torchtitan ff0829c
+its SDPA takes ``enable_gqa=True`` and nothing is copied), the MoE permutation (:func:`elementwise_ops`), and the linear
 biases as Megatron-LM's GPT applies them (:func:`bias_ops`).
 """
 
@@ -15,6 +16,7 @@ from meshplan.compute.shapes import Gemm, qkv_local_features
 from meshplan.compute.torch_eager import RMSNORM_ROW_KERNELS, repeat_kv_bytes, rmsnorm_bytes, rope_bytes, \
     swiglu_bytes
 from meshplan.mesh.tpsplit import local_heads
+from meshplan.spec.axes.tp import sdpa_kv_heads
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.units import dtype_bytes
@@ -51,8 +53,8 @@ def elementwise_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gem
                  for heads in parts for name, nb in rope_bytes(b, w.torch_eager)]
     if model.is_mla:
         spec += _latent_norms(model, b, t)
-    if not w.megatron_ops and not model.is_mla:  # torchtitan's repeat_kv before SDPA
-        rep_f, rep_b = repeat_kv_bytes(b, q_l, kv_l, t, model.d_head)
+    if not w.megatron_ops and not model.is_mla:  # torchtitan's repeat_kv before SDPA, where the SDPA reads the q heads
+        rep_f, rep_b = repeat_kv_bytes(b, sdpa_kv_heads(q_l, kv_l, w.kv_expanded), kv_l, t, model.d_head)
         if rep_f:
             spec.append(("repeat_kv", "attn", rep_f, rep_b))
     if any(g.name.startswith("expert_") for g in gemms):  # the dispatch buffer's rows (compute.routing)

@@ -107,7 +107,9 @@ class Workload:
     (:attr:`plain_tp_float8`);
     ``fp8_all_gather``: FSDP2 gathers them already cast (their casts: :mod:`meshplan.compute.float8`);
     ``torch_ring_attention``: at cp > 1 torch's context-parallel ring attention merges and
-    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`), ``cp_alltoall`` its K/V
+    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`) with K and V at the heads the SDPA
+    reads (``kv_expanded``, ``[memory] kv_expanded``: :func:`meshplan.spec.axes.tp.sdpa_kv_heads`; it also
+    decides torchtitan's ``repeat_kv`` copies, :mod:`meshplan.compute.elementwise`), ``cp_alltoall`` its K/V
     rotated by all-to-all (``training.cp_rotate``: compiled, every step's concatenation runs); ``te_ring_attention``:
     at cp > 1 Transformer Engine's p2p ring (Megatron-LM's default ``--cp-comm-type``) runs the
     rank's attention as ``cp`` calls, one per ring step, each rated at its own shape as torch's are
@@ -174,6 +176,7 @@ class Workload:
     async_tp: str = ""
     torch_ring_attention: bool = False
     cp_alltoall: bool = False
+    kv_expanded: bool = False
     te_ring_attention: bool = False
     moe_tp_ops: tuple[str, ...] = ()
     framework: str = "torch"

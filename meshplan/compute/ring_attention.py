@@ -49,7 +49,11 @@ output, log-sum-exp and gradient corrections around them (not :func:`ring_bytes`
 rank chosen with them and the steps timed one by one: :mod:`meshplan.compute.te_ring`.
 
 Sizes: ``n_q`` elements of the output (``d_v``), ``n_dq`` of Q and of dQ (``d``, the same but
-for MLA's ``d_qk``) and ``n_kv`` of K and V together on the rank, torchtitan's K and V after ``repeat_kv`` (q heads; 9dec370 ``models/llama/model.py``);
+for MLA's ``d_qk``) and ``n_kv`` of K and V together on the rank at the heads the SDPA reads
+(:func:`~meshplan.spec.axes.tp.sdpa_kv_heads` of ``Workload.kv_expanded``, ``[memory] kv_expanded``):
+the KV heads by default (torchtitan ff0829c and later: ``enable_gqa=True``, no ``repeat_kv``; the
+ring's K/V concatenations and its fp32 dK/dV accumulators are the SDPA's K/V's size), the q heads after
+torchtitan's ``repeat_kv`` (9dec370 ``models/llama/model.py``, ``kv_expanded`` true);
 the log-sum-exp rows (``1/d`` of the output) are left out. The work differs by rank: at a step
 ``i <= rank`` the whole Q is merged and the dK/dV half added and re-concatenated, at ``i > rank``
 half of Q is merged and re-concatenated (``partial``), its dQ half added and re-concatenated, the
@@ -67,6 +71,7 @@ from meshplan.compute.kernel_time import issue_floor, memory_op, memory_op_secon
 from meshplan.compute.measured import KernelData, attention_seconds
 from meshplan.compute.ops import Op, Workload
 from meshplan.compute.shapes import Attention
+from meshplan.spec.axes.tp import sdpa_kv_heads
 from meshplan.spec.cluster import GPUSpec
 
 #: The forward op's name (op-level SAC saves SDPA's merged output and does not replay it:
@@ -175,7 +180,7 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
     >>> te.rank, te.forward_bytes, te.backward_bytes   # FA3's calls alone: rank 0's 3 bwd calls loop over L/2
     (0, 0, 0)
     """
-    n_q, n_kv, n_dq = _elements(att)
+    n_q, n_kv, n_dq = _elements(att, w.kv_expanded)
     rated = rated_calls(data, att, w.cp, w.attention_kernels) if data is not None else None
     # torch's merge and accumulation kernels; Transformer Engine's ring: none counted
     kernel_bytes = lambda r: ring_bytes(n_q, n_kv, w.cp, w.torch_eager, r, n_dq, w.cp_alltoall) if applies(w) \
@@ -194,11 +199,17 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
     return RingRank(rank, rank_seconds(rated, w.cp, att.seq_q, rank) if rated is not None else None, fwd, bwd)
 
 
-def _elements(att: Attention) -> tuple[int, int, int]:
+def _elements(att: Attention, kv_expanded: bool) -> tuple[int, int, int]:
     """(n_q, n_kv, n_dq) of ``att`` (module docstring): the output's elements (``d_v``), K's and
-    V's together after ``repeat_kv`` (q heads), Q's (``head_dim``: MLA's ``d_qk``)."""
+    V's together at the heads the SDPA reads (:func:`~meshplan.spec.axes.tp.sdpa_kv_heads`: the q
+    heads after ``repeat_kv``, ``kv_expanded``, else the KV heads), Q's (``head_dim``: MLA's ``d_qk``).
+
+    >>> _elements(Attention(1, 8, 1, 8192, 131072, 128), False), _elements(Attention(1, 8, 1, 8192, 131072, 128), True)
+    ((8388608, 2097152, 8388608), (8388608, 16777216, 8388608))
+    """
     rows = att.batch * att.q_heads * att.seq_q
-    return rows * att.d_v, rows * (att.head_dim + att.d_v), rows * att.head_dim
+    kv_rows = att.batch * sdpa_kv_heads(att.q_heads, att.kv_heads, kv_expanded) * att.seq_q
+    return rows * att.d_v, kv_rows * (att.head_dim + att.d_v), rows * att.head_dim
 
 
 def applies(w: Workload) -> bool:

@@ -45,9 +45,11 @@ Sources (read, not copied): torchtitan ``models/llama3/model/model.py`` @018740b
   gradient (read 4, write b): ``b + 20``. Fused: ``b + 4`` and ``4 + b``. A lower bound: torch's
   softmax kernel over a 128k-wide row may read it more than once.
 
-:func:`repeat_kv_bytes` is not an eager-only cost: torchtitan materialises the repeated K and
-V heads for ``scaled_dot_product_attention`` compiled or not (``repeat_kv``: ``expand`` then
-``reshape``, a copy whenever ``n_rep > 1``).
+:func:`repeat_kv_bytes` is not an eager-only cost: torchtitan before ff0829c (v0.2.2) materialises
+the repeated K and V heads for ``scaled_dot_product_attention`` compiled or not (``repeat_kv``:
+``expand`` then ``reshape``, a copy whenever ``n_rep > 1``); planned with ``[memory] kv_expanded``
+alone (:func:`meshplan.spec.axes.tp.sdpa_kv_heads`): ff0829c and later pass ``enable_gqa=True``
+instead, no copy.
 """
 
 from __future__ import annotations

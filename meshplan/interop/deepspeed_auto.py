@@ -224,8 +224,17 @@ def model_code(hf: bool) -> tuple[dict, str]:
     ``src/transformers/models/llama/modeling_llama.py:60-74``), one kernel each uncompiled (the
     Trainer compiles only with ``--torch_compile``): ``training.torch_norm = "decomposed"``
     (:mod:`meshplan.compute.torch_eager`). The rest of its decoder layer is the eager torch layer
-    meshplan plans (SwiGLU ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, ``repeat_kv``, SDPA,
-    the same file); its RoPE (``rotate_half``) is timed as torchtitan's. Otherwise torchtitan's
+    meshplan plans (SwiGLU ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, SDPA, the same file); its
+    RoPE (``rotate_half``) is timed as torchtitan's. Its SDPA reads K and V at the KV heads, ``[memory]
+    kv_expanded`` left false (:func:`meshplan.spec.axes.tp.sdpa_kv_heads`: no ``repeat_kv`` copy, memory
+    and the cp rows alike): ``sdpa_attention_forward`` repeats them only where ``use_gqa_in_sdpa`` is false,
+    else passes ``enable_gqa=True`` (huggingface/transformers 00c238bd
+    ``src/transformers/integrations/sdpa_attention.py``), and that is true on CUDA with torch >= 2.5 where
+    the attention mask is None, which ``masking_utils.sdpa_mask`` returns for a batch with no padded token
+    (00c4411c ``src/transformers/masking_utils.py``, ``allow_is_causal_skip`` and ``_ignore_causal_mask_sdpa``:
+    not tracing, padding mask None or all ones, query length = key length), the fixed-length
+    sequences meshplan plans; a padded batch gets a mask, ``repeat_kv`` and the math or efficient
+    backend (not planned). Otherwise torchtitan's
     model code (torch's fused ``nn.RMSNorm``), with a note naming the key (newcomer trial nc52 #8:
     an HF Trainer config was planned with the fused norm, 33.60 s against 35.80 s decomposed).
 

@@ -77,7 +77,11 @@ parallelism.tensor_parallel_degree > 1         memory.sp_gathered_input true (to
 (n_kv_heads < n_heads)                         memory.kv_expanded false: since ff0829c (in v0.2.2)
                                                  llama3 passes enable_gqa to SDPA, no repeat_kv
                                                  (e347b1e models/llama3/model/model.py:201, 275, 295;
-                                                 torch's flash and cuDNN backends take GQA as is)
+                                                 torch's flash and cuDNN backends take GQA as is):
+                                                 the revision the import plans, 238fa99, is later;
+                                                 memory, the repeat_kv copies and torch's ring CP
+                                                 traffic follow it (a note at cp > 1 says so:
+                                                 :func:`~meshplan.interop.torchtitan_tables.kv_heads_read`)
 optimizer.name AdamW / Adam                    training.optimizer adamw / adam
 optimizer.implementation "fused" / "foreach"   training.optimizer_impl (unset: "fused", torchtitan's
   (before 2025: optimizer.fused true / false)    default since 2025; 9dec370's unset fused: foreach)
@@ -141,7 +145,7 @@ from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, mixed_note, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.interop.torchtitan_tables import (
-    kv_heads_note,
+    kv_heads_read,
     MULTI_STAGE,
     SCHEDULE_NAMES,
     SCHEDULES,
@@ -362,7 +366,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     tables["memory"] = {"cross_entropy": "compiled" if compiled else "torch", "expandable_segments": True}
     if deg["tp"] > 1:  # DTensor SP: the Linears keep their all-gathered input (module docstring)
         tables["memory"]["sp_gathered_input"] = True
-    kv_heads_note(table_model(tables["model"]), deg["cp"], notes)
+    tables["memory"] |= kv_heads_read(table_model(tables["model"]), deg["cp"], t["op_sac_policy"], notes)
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)

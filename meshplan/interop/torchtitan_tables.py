@@ -245,15 +245,35 @@ def read_cp_attention(par: dict, cp: int, notes: list[str]) -> dict[str, str]:
     return {"cp_rotate": rotate} if cp > 1 and rotate == "alltoall" else {}
 
 
-#: The cp traffic's K/V heads against v0.2.2's (nc53 #1): meshplan's torch ring rows size K and V after
-#: repeat_kv (:func:`meshplan.spec.axes.cp.ring_rows`), which torchtitan dropped in ff0829c.
-KV_AT_Q = ("cp {cp}: torch's ring attention is planned with K and V at the {q} q heads (repeat_kv before SDPA, "
-           "torchtitan <= v0.2.1); v0.2.2 passes enable_gqa instead (ff0829c; e347b1e models/llama3/model/model.py:"
-           "201, 275, 295), moving the {g} KV heads: its K/V all-gathers or shifts and dK/dV shifts are {r}x smaller than "
-           "planned, its exposed cp time overstated (memory keeps K/V at the KV heads, [memory] kv_expanded false)")
+#: torchtitan revisions (``training.op_sac_policy``'s, :data:`~meshplan.spec.training_fields.OpSacPolicy`)
+#: whose llama3 repeats K and V to the q heads before SDPA (``repeat_kv``, which ff0829c, in v0.2.2,
+#: replaced by ``enable_gqa=True``: e347b1e ``models/llama3/model/model.py``:201, 275, 295): none, the
+#: import's 238fa99 (the parent of 9810191, after e347b1e) and b5bcd76 both come after ff0829c.
+REPEAT_KV_REVISIONS: tuple[str, ...] = ()
+#: What the import plans of the K/V heads torch's SDPA reads (:func:`kv_heads_read`), at cp > 1.
+KV_HEADS = ("cp {cp}: torch's ring attention planned moving K and V at the {at} ([memory] kv_expanded {flag}: "
+            "torchtitan {rev}, the revision the import plans (training.op_sac_policy), {how}); {other}")
 
 
-def kv_heads_note(spec, cp: int, notes: list[str]) -> None:
-    """:data:`KV_AT_Q`'s note for a GQA model (``spec``: its ModelSpec, None when not known) at ``cp`` > 1."""
+def kv_heads_read(spec, cp: int, revision: str, notes: list[str]) -> dict[str, bool]:
+    """The ``[memory]`` keys of the K/V heads torchtitan ``revision`` (``training.op_sac_policy``) feeds
+    its SDPA (:func:`meshplan.spec.axes.tp.sdpa_kv_heads`): ``kv_expanded`` true where it repeats them
+    (:data:`REPEAT_KV_REVISIONS`), else none (the default, false: the KV heads); and for a GQA model
+    (``spec``: its ModelSpec, None when not known) at ``cp`` > 1 the note :data:`KV_HEADS` saying which.
+
+    >>> notes = []
+    >>> from meshplan import catalog
+    >>> kv_heads_read(catalog.model("llama3-70b"), 16, "238fa99", notes), notes[0][:66]
+    ({}, "cp 16: torch's ring attention planned moving K and V at the 8 KV h")
+    """
+    expanded = revision in REPEAT_KV_REVISIONS
     if cp > 1 and spec is not None and not spec.is_mla and spec.n_kv_heads < spec.q_heads:
-        notes.append(KV_AT_Q.format(cp=cp, q=spec.q_heads, g=spec.n_kv_heads, r=spec.q_heads // spec.n_kv_heads))
+        q, g, r = spec.q_heads, spec.n_kv_heads, spec.q_heads // spec.n_kv_heads
+        notes.append(KV_HEADS.format(
+            cp=cp, at=f"{q} q heads" if expanded else f"{g} KV heads", flag=str(expanded).lower(), rev=revision,
+            how="repeat_kv before SDPA" if expanded else "after ff0829c, v0.2.2: llama3 passes enable_gqa to SDPA, "
+            "no repeat_kv; e347b1e models/llama3/model/model.py:201, 275, 295",
+            other=f"a torchtitan {'after' if expanded else 'before'} ff0829c moves them at the "
+            f"{g if expanded else q} {'KV' if expanded else 'q'} heads, its K/V all-gathers or shifts and dK/dV shifts "
+            f"{r}x {'smaller' if expanded else 'larger'}: set [memory] kv_expanded = {str(not expanded).lower()} for it"))
+    return {"kv_expanded": True} if expanded else {}

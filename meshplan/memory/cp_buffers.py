@@ -78,7 +78,8 @@ fp32 log-sum-exps (``1 / d_v`` of an output) and elementwise temporaries are not
 torch's ring attention (``training.cp_ring``; torch 2.13
 ``distributed/tensor/experimental/_context_parallel/_attention.py``, ``_cp_options``'
 defaults: ``convert_to_f32`` True, ``rotate_method`` ALL_GATHER, load balance on; K and V at
-the q heads after torchtitan's ``repeat_kv``). The SDPA saves only the local q, k, v, output
+the heads the SDPA reads, :func:`~meshplan.spec.axes.tp.sdpa_kv_heads`: the q heads after
+torchtitan's ``repeat_kv`` with ``kv_expanded``, else the KV heads, ``enable_gqa``). The SDPA saves only the local q, k, v, output
 and log-sum-exp (the layer's terms as they are). Forward (``_templated_ring_attention``):
 ``_AllGatherRotater.exchange_buffers`` allocates the gathered ``R``, kept to the loop's end;
 its input, the local K and V concatenated (``torch.cat``, ``R / cp``), is held by the
@@ -110,11 +111,14 @@ receive buffers (``2 R / cp``), and the fp32 dQ and four dK/dV buffers as above.
 >>> t = TrainingSpec(global_batch=8, seq_len=64, compute_dtype="bf16", cp_attention="allgather")
 >>> cp_buffers(m, t, cp=2, tp=1, kv_expanded=False, checkpointed=False)
 CpBuffers(forward=8192, backward=8192, what='cp all-gathered K and V')
->>> cp_buffers(m, t.model_copy(update={"cp_attention": "ring"}), cp=2, tp=1, kv_expanded=False, checkpointed=False)
+>>> ring = t.model_copy(update={"cp_attention": "ring"})   # R = 2 B x 64 x 2 KV heads x 32 = 8,192; 16,384 at 4 q heads
+>>> cp_buffers(m, ring, cp=2, tp=1, kv_expanded=False, checkpointed=False)   # R + R/2 + 8,192; R + 8,192 + 4 x 8,192 (fp32: 4 R / (2 cp))
+CpBuffers(forward=20480, backward=49152, what='cp ring: gathered K and V, fp32 merged output')
+>>> cp_buffers(m, ring, cp=2, tp=1, kv_expanded=True, checkpointed=False)
 CpBuffers(forward=32768, backward=90112, what='cp ring: gathered K and V, fp32 merged output')
 >>> cp_buffers(m, t.model_copy(update={"cp_attention": "ring", "cp_rotate": "alltoall"}), cp=2, tp=1, kv_expanded=False,
-...            checkpointed=False)
-CpBuffers(forward=24576, backward=81920, what='cp ring (all-to-all rotation): K and V in flight, fp32 merged output')
+...            checkpointed=False)   # 2 R/2 + 8,192; R/2 + 8,192 + 4 x 8,192
+CpBuffers(forward=16384, backward=45056, what='cp ring (all-to-all rotation): K and V in flight, fp32 merged output')
 >>> meg = t.model_copy(update={"framework": "megatron", "recompute": "none"})
 >>> cp_buffers(m, meg, cp=2, tp=1, kv_expanded=False, checkpointed=False)
 CpBuffers(forward=18432, backward=36864, what='cp all-gathered K and V (Transformer Engine)')
@@ -127,7 +131,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.spec.axes.cp import kv_elements
-from meshplan.spec.axes.tp import local_heads
+from meshplan.spec.axes.tp import local_heads, sdpa_kv_heads
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
@@ -182,13 +186,13 @@ class _Sizes:
 
 
 def _torch_allgather(z: _Sizes, training: TrainingSpec, kv_expanded: bool, checkpointed: bool) -> CpBuffers:
-    gathered, sdpa = z.kv(z.s, z.g), z.kv(z.s, z.q if kv_expanded else z.g)
+    gathered, sdpa = z.kv(z.s, z.g), z.kv(z.s, sdpa_kv_heads(z.q, z.g, kv_expanded))
     return CpBuffers(forward=gathered + (sdpa if checkpointed else 0), backward=gathered,
                      what="cp all-gathered K and V")
 
 
 def _torch_ring(z: _Sizes, training: TrainingSpec, kv_expanded: bool, checkpointed: bool) -> CpBuffers:
-    ring = z.kv(z.s, z.q)
+    ring = z.kv(z.s, sdpa_kv_heads(z.q, z.g, kv_expanded))
     local = ring // z.cp
     rows = z.b * z.L * z.q  # local query rows x heads
     shift = 4 * (ring // z.a // z.cp)  # one fp32 dK/dV buffer (the cp send/recv row's size)

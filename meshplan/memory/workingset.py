@@ -75,6 +75,7 @@ from meshplan.compute.shapes import layer_gemms
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.base import Dim
+from meshplan.spec.axes.tp import sdpa_kv_heads
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.recompute_modules import layer_parts
@@ -232,7 +233,7 @@ def attention_core_work(dims, lo: dict, tok: int, kv_expanded: bool) -> int:
     """
     a, tp = dims.act_bytes, lo["tp"]
     aq = dims.a // tp
-    kv = aq if kv_expanded else dims.kv_local(tp)
+    kv = sdpa_kv_heads(aq, dims.kv_local(tp), kv_expanded)
     kv_tok = dims.s * dims.b if lo.get("cp_kv") else tok
     return a * tok * aq * (dims.d + dims.d_v) + a * kv_tok * kv * (dims.d + dims.d_v)
 
@@ -248,7 +249,7 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     sp = lo["sp"] and tp > 1
     H, Hr, F = a * tok * dims.h, a * rtok * dims.h, a * tok * ceil(dims.f / tp)
     aq = dims.a // tp
-    kv = aq if opts.kv_expanded else dims.kv_local(tp)
+    kv = sdpa_kv_heads(aq, dims.kv_local(tp), opts.kv_expanded)
     Q, K = a * tok * aq * dims.d, a * tok * kv * dims.d
     V, C = a * tok * kv * dims.d_v, a * tok * aq * dims.d_v  # value and context (MLA: v_head_dim)
     core = attention_core_work(dims, lo, tok, opts.kv_expanded) + cp_extra

@@ -54,7 +54,7 @@ def workload_of(plan, dropout: bool = False) -> Workload:
                     embed_reduce_scatter=embedding_reduce_scatter(
                         t.megatron_core, mesh.sequence_parallel and split[Dim.HEADS] > 1,
                         plan.config.model.position_embedding == "learned"),
-                    op_replays_ep=op_replays_ep(plan.config.model, t))
+                    op_replays_ep=op_replays_ep(plan.config.model, t), kv_expanded=plan.config.memory.kv_expanded)
 
 
 

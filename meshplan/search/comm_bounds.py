@@ -28,6 +28,7 @@ from meshplan.search.time_tables import TimeTables, coll_nic_s, coll_times
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.cp import kv_elements, ring_shift_bytes
 from meshplan.spec.axes.ep import moe_mlp_blocks_tp
+from meshplan.spec.axes.tp import sdpa_kv_heads
 from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training_checks import zeropp_keys_set
@@ -122,22 +123,23 @@ def _cp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarra
     tps, at = np.unique(c.tp, return_inverse=True)
     heads = np.array([local_heads(m, x)[:2] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
     # K and V (MLA: value head dim d_v) at the KV heads; torch's ring attention (training.cp_ring;
-    # spec.axes.cp.ring_rows) gathers them at the q heads, and "cp_x" is one fp32 dK/dV shift of the
+    # spec.axes.cp.ring_rows) gathers them at the heads its SDPA reads (spec.axes.tp.sdpa_kv_heads of
+    # [memory] kv_expanded: the q heads after repeat_kv, else the KV heads), and "cp_x" is one fp32 dK/dV shift of the
     # local tokens (0 under all-gather CP)
     # Transformer Engine's p2p ring (training.cp_p2p; spec.axes.cp.p2p_rows) gathers nothing: "cp_kv" is
     # one send of the local K/V at the KV heads, "cp_kv2" one of K, V, dK and dV (0 otherwise)
     # torch's ring with cp_rotate "alltoall" (spec.axes.cp.alltoall_kv_rows) gathers nothing either:
-    # "cp_kvs" is one shift of the local K/V at the q heads (its forward's cp - 1 each beside a step;
+    # "cp_kvs" is one shift of the local K/V at those heads (its forward's cp - 1 each beside a step;
     # the backward's, queued with the dK/dV shifts, left out: a lower bound)
     ring, p2p = t.cp_ring, t.cp_p2p
     a2a = ring and t.cp_rotate == "alltoall"
-    at_q = kv_elements(m, c.mb, t.seq_len, heads[:, 0])
+    at_sdpa = kv_elements(m, c.mb, t.seq_len, sdpa_kv_heads(heads[:, 0], heads[:, 1], cfg.memory.kv_expanded))
     at_kv = kv_elements(m, c.mb, t.seq_len, heads[:, 1])
-    kv = (at_q if ring else at_kv) * cd
-    shift = ring_shift_bytes(at_q, c.cp)
+    kv = (at_sdpa if ring else at_kv) * cd
+    shift = ring_shift_bytes(at_sdpa, c.cp)
     local = at_kv // c.cp * cd
     return {"cp_ag": np.zeros(len(c)) if p2p or a2a else coll_times(tt, "all-gather", c.cp, kv, c.tp),
-            "cp_kvs": coll_times(tt, "send/recv", c.cp, at_q // c.cp * cd, c.tp) if a2a else np.zeros(len(c)),
+            "cp_kvs": coll_times(tt, "send/recv", c.cp, at_sdpa // c.cp * cd, c.tp) if a2a else np.zeros(len(c)),
             "cp_rs": np.zeros(len(c)) if ring or p2p else coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
             "cp_x": coll_times(tt, "send/recv", c.cp, shift, c.tp) if ring else np.zeros(len(c)),
             "cp_n": (c.cp - 1) * ring,  # the shifts that run beside a later step (the last: exposed)

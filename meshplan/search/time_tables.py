@@ -66,7 +66,7 @@ class TimeTables:
                      dtype=t.compute_dtype, recompute="none", recompute_modules=tuple(t.recompute_modules),
                      flash=t.flash_attention,
                      vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
-                     **float8_gemms(m, t))
+                     **float8_gemms(m, t), kv_expanded=cfg.memory.kv_expanded)
         costs = layer_costs(m, gpu, w, UNIFORM, layer=layer)
         emb, head = embedding_cost(m, gpu, w, cfg.cluster.node.pcie), head_cost(m, gpu, w)
         out = dict(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),

@@ -162,7 +162,11 @@ class MemoryOptions(MemoryBuckets):
       an implementation, all False for Megatron-Core (Korthikanti Table 2); True for what
       torch keeps for a DTensor SP Llama (all-gathered GEMM inputs), for ``rms_norm`` on CPU
       (decomposed: normalised input kept, four temporaries in backward) and for
-      ``repeat_kv`` before SDPA (torchtitan); see :mod:`meshplan.memory.activations`.
+      ``repeat_kv`` before SDPA (torchtitan before ff0829c; since then, v0.2.2, ``enable_gqa``: false);
+      see :mod:`meshplan.memory.activations`. ``kv_expanded`` decides more than memory: the K/V heads
+      torch's SDPA reads (:func:`meshplan.spec.axes.tp.sdpa_kv_heads`), so the ``repeat_kv`` copies
+      (run only with it), torch's ring CP traffic (its K/V all-gathers or shifts and fp32 dK/dV shifts,
+      :func:`meshplan.spec.axes.cp.ring_rows`), the ring's kernels and the search's cp bounds.
     - ``fused_glu``: the gated MLP's activation runs as one fused kernel that saves only its
       input, the ``2f``-wide fc1 output, and recomputes SiLU in backward (Megatron-Core's
       ``BiasSwiGLUFunction``/``SwiGLUFunction``, megatron/core/fusions/fused_bias_swiglu.py:

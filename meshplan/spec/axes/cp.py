@@ -15,7 +15,7 @@ Transformer Engine's p2p ring (Megatron-LM's) or Llama 3's all-gather CP (``trai
 from __future__ import annotations
 
 from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn
-from meshplan.spec.axes.tp import local_heads
+from meshplan.spec.axes.tp import local_heads, sdpa_kv_heads
 from meshplan.spec.training_fields import CP_FLEX_REVISIONS
 from meshplan.units import dtype_bytes
 
@@ -87,7 +87,8 @@ def kv_elements(model, micro_batch, seq_len, heads):
 
 def ring_shift_bytes(kv_elems, cp):
     """Bytes of one of torch's ring dK/dV shifts (:func:`ring_rows`): the fp32 dK and dV of the
-    rank's ``1/cp`` of the sequence, ``kv_elems`` (:func:`kv_elements` at the q heads) ``// cp x 4 B``;
+    rank's ``1/cp`` of the sequence, ``kv_elems`` (:func:`kv_elements` at the heads the SDPA reads,
+    :func:`~meshplan.spec.axes.tp.sdpa_kv_heads`) ``// cp x 4 B``;
     scalars or numpy arrays alike (the table's row, the search's bound).
 
     >>> ring_shift_bytes(4096, 4)
@@ -170,9 +171,14 @@ def ring_rows(add, c) -> None:
     """torch's ring attention rows (``training.cp_ring``), read in torch 2.13
     ``distributed/tensor/experimental/_context_parallel/_attention.py`` with ``_cp_options``'
     defaults (``convert_to_f32`` True, load balance on, ``rotate_method`` ALL_GATHER: torchtitan's
-    ``context_parallel_rotate_method`` default "allgather"). K and V are the SDPA's, after
-    torchtitan's ``repeat_kv``: at the local q heads (``models/llama3/model/model.py``).
-    ``S = b x s x local q heads x (d_head + d_v)`` elements, the whole sequence's K and V.
+    ``context_parallel_rotate_method`` default "allgather"). K and V are the SDPA's, at the local
+    heads it reads (:func:`~meshplan.spec.axes.tp.sdpa_kv_heads` of ``[memory] kv_expanded``,
+    ``c.kv_expanded``): the KV heads by default (torchtitan ff0829c, v0.2.2, and later pass
+    ``enable_gqa=True`` to SDPA, no ``repeat_kv``: e347b1e ``models/llama3/model/model.py``:201, 275,
+    295; the ring's K/V are the SDPA's own arguments), the q heads with ``kv_expanded`` (torchtitan's
+    ``repeat_kv`` before SDPA until then). ``S = b x s x those heads x (d_head + d_v)`` elements,
+    the whole sequence's K and V; Llama-3-70B at tp 8, 128k tokens, micro-batch 1, bf16:
+    ``131072 x 1 x 256 x 2`` = 67,108,864 B at its 1 local KV head, 8x that at its 8 q heads.
     Per layer and micro-batch:
 
     - forward, one all-gather of ``S`` in the compute dtype: ``_templated_ring_attention`` step 0
@@ -193,8 +199,8 @@ def ring_rows(add, c) -> None:
     Under ``training.cp_rotate = "alltoall"`` (``rotate_method`` ALL_TO_ALL) no all-gather runs:
     the K/V move as ``cp - 1`` shifts of the local ``S / cp`` a pass (:func:`alltoall_kv_rows`)."""
     t, nl, cp = c.training, len(c.layers), c.mesh.degree("cp")
-    q_l, _, _ = local_heads(c.model, c.mesh.degree("tp"))
-    elems = kv_elements(c.model, t.micro_batch, t.seq_len, q_l)
+    q_l, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
+    elems = kv_elements(c.model, t.micro_batch, t.seq_len, sdpa_kv_heads(q_l, kv_l, c.kv_expanded))
     kv, replayed = elems * dtype_bytes(t.compute_dtype), _replayed(c)
     if t.cp_rotate == "alltoall":
         alltoall_kv_rows(add, c, kv // cp, replayed)

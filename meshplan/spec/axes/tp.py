@@ -100,6 +100,25 @@ def local_heads(model: ModelSpec, tp: int) -> tuple[int, int, int]:
     return model.q_heads // tp, kv_heads_local(kv, tp), 1 if tp <= kv else tp // kv
 
 
+def sdpa_kv_heads(q_heads, kv_heads, kv_expanded: bool):
+    """The local K/V heads torch's attention reads (``q_heads``, ``kv_heads``: one tp rank's,
+    :func:`local_heads`; scalars or numpy arrays alike): the q heads where K and V reach it
+    repeated (``[memory] kv_expanded`` true: torchtitan's ``repeat_kv`` before SDPA up to
+    pytorch/torchtitan ff0829c, v0.2.2, and HF transformers' ``repeat_kv``), else the KV heads
+    (false, the default: torchtitan ff0829c and later pass ``enable_gqa=True`` to SDPA,
+    ``models/llama3/model/model.py``:201, 275, 295 at e347b1e, whose flash kernel reads the KV
+    heads as they are). The one rule the cp rows and the search's cp bounds
+    (:func:`meshplan.spec.axes.cp.ring_rows`, :mod:`meshplan.search.comm_bounds`), torch's ring
+    kernels and ``repeat_kv`` copies (:mod:`meshplan.compute.ring_attention`,
+    :mod:`meshplan.compute.elementwise`) and the memory model's K/V (:mod:`meshplan.memory.cp_buffers`,
+    :mod:`meshplan.memory.activations`) read.
+
+    >>> sdpa_kv_heads(8, 1, False), sdpa_kv_heads(8, 1, True)   # Llama-3-70B at tp 8
+    (1, 8)
+    """
+    return q_heads if kv_expanded else kv_heads
+
+
 def _heads_bad(m, t, d):
     q, kv = m.q_heads, m.n_kv_heads
     return (q % d.tp != 0) | ((kv % d.tp != 0) & (d.tp % kv != 0))
