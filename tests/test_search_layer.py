@@ -47,7 +47,10 @@ def test_listed_layer_rows_run_every_second_layer_in_full_and_export_as_torchtit
     torchtitan export writes mode "selective" with selective_ac_option "2". (0.9389 s, 938.90 ms, before
     FSDP2's reduce-scatters ran on their own stream with one in flight: kept gathered, each copy-in
     waits for the reduce-scatter before, a backward unit 320.6301 -> 322.0287 ms (exposed fsdp 0 ->
-    1.6344 ms, SM contention -0.2359 ms) x 2 micro-batches, the last tail 5.3511 -> 5.0138 ms: +2.46 ms.)"""
+    1.6344 ms, SM contention -0.2359 ms) x 2 micro-batches, the last tail 5.3511 -> 5.0138 ms: +2.46 ms.)
+    (kvheads: no repeat_kv copies, [memory] kv_expanded false: each op 2 x 4096 x (32 + 8) x 128 x 2 B =
+    83,886,080 B, 28.24 us at 2.97 TB/s; a micro-batch runs 32 forward, 32 backward and 16 replayed (every
+    second layer): 80 x 2 micro-batches x 28.24 us = 4.52 ms, 941.36 -> 936.84 ms, 0.9414 -> 0.9368 s.)"""
     cfg = tmp_path / "s.toml"
     cfg.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n[training]\n'
                    'global_batch = 16\nseq_len = 4096\n[search]\nmicro_batch = [1]\npp = [1]\ncp = [1]\ntp = [1]\n'
@@ -57,13 +60,14 @@ def test_listed_layer_rows_run_every_second_layer_in_full_and_export_as_torchtit
     assert run_main("search", cfg, "--export", 1, "--to", "meshplan", "-o", tmp_path / "mp.toml") == 0
     capsys.readouterr()
     top = json.loads((tmp_path / "s.json").read_text())["top"][0]
-    assert top["recompute"] == "layer" and round(top["step_s"], 4) == 0.9414
+    assert top["recompute"] == "layer" and round(top["step_s"], 4) == 0.9368
+    assert round(941.36 - 160 * 2 * 4096 * 40 * 128 * 2 / 2.97e12 * 1e3, 2) == 936.84   # kvheads (docstring)
     assert round(938.9022 + 2 * (322.0287 - 320.6301) - (5.3511 - 5.0138), 2) == 941.36  # 938.9022: before
     tt = (tmp_path / "tt.toml").read_text()
     assert '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n' in tt
     assert 'recompute = "layer"\nac_freq = 2\n' in (tmp_path / "mp.toml").read_text()
     assert run_main("step", tmp_path / "mp.toml") == 0
-    assert "step 941.36 ms" in capsys.readouterr().out
+    assert "step 936.84 ms" in capsys.readouterr().out
 
 
 def test_layer_sits_between_none_and_full():
@@ -160,7 +164,11 @@ def test_layer_step_bound_holds_and_counts_the_replayed_layers(grid):
     left out torch's window re-gathers at vpp 7, which window_unshard issues from the UNSHARD ops
     before their pass, where they may hide: band 0.94 -> 0.93). The median on 14 layers was 0.9506
     before nc24left left each chunk's first all-gathers of torch's interleaved rows out of the bound
-    too (UNSHARDed before the pass, stage 0's first op but counted): 0.9489, band 0.95 -> 0.94."""
+    too (UNSHARDed before the pass, stage 0's first op but counted): 0.9489, band 0.95 -> 0.94.
+    (kvheads: without the repeat_kv copies, [memory] kv_expanded false, the 14-layer short rows' min is
+    0.923 (measured), band 0.93 -> 0.92: the bound and the step both lose the copies, 2 x 2048 x (16 + 4)
+    x 128 x 2 B = 20,971,520 B, 7.06 us an op at tp 1, but where the exact plan's host pace covered
+    part of them the step loses less than the bound; not traced row by row. The bound still holds.)"""
     cfg, r, plans = grid
     c = r.candidates
     rows = np.array([i for i, p in enumerate(plans) if p[0] and not refused(r, i)])
@@ -172,7 +180,7 @@ def test_layer_step_bound_holds_and_counts_the_replayed_layers(grid):
     ratio = r.est.step_lo[rows] / step
     assert ratio.min() >= 0.75 and np.median(ratio) >= 0.94, (ratio.min(), np.median(ratio))
     short = cfg.model.layers // (c.pp[rows] * c.vpp[rows]) < LAYER_AC_FREQ
-    assert short.any() and ratio[short].min() >= 0.93, ratio[short].min()
+    assert short.any() and ratio[short].min() >= 0.92, ratio[short].min()
 
 
 def test_layer_memory_bounds_hold_and_count_the_layers_kept(grid):
