@@ -145,7 +145,17 @@ def test_compute_difference_names_its_largest_part(q1_search):
     explanation (top against #2) names its largest part by the same rule, now SM contention (the top's
     FSDP rings beside its compute for 3.674 s against #2's, whose dp_shard 4 crosses nodes less and whose
     pp stages run fewer layers): checked on the line, which before the itemisation called it "other
-    (memory-bound ops, optimizer step) 5.28 s vs 1.8 s"."""
+    (memory-bound ops, optimizer step) 5.28 s vs 1.8 s".
+
+    kvheads: torch's SDPA reads K and V at the KV heads (``[memory] kv_expanded`` false, torchtitan's
+    ``enable_gqa``), so the ring's K/V kernels move n_kv = 2 x 4 local KV heads x 4096 x 128 = n_q / 4
+    elements, not 2 n_q. Per layer and micro-batch, rank 0 (r 0, p 1): forward n_q (12 + 27) + n_kv x 8 =
+    41 n_q, backward n_q (20 + 13) + n_kv (24 + 10 + 4 + 16) = 46.5 n_q; rank 1: 52 n_q and 30 n_q + 57 n_kv
+    = 44.25 n_q. Rank 1 moves 8.75 n_q more, 8.75 x 16,777,216 B / 2.97 TB/s = 49.4 us, under rank 0's 66.2 us
+    of slower SDPA: the block is now rank 0's, #2's attention 0.137 s longer, and the memory-bound
+    difference is rank 0's ring: merges 80 x 16 x 41 n_q / 2.97 TB/s = 0.296 s, gradient sums 46.5 n_q:
+    0.336 s (of 0.634 s). The ring's gathers and shifts at the KV heads hold NVLink's 24 SMs for less:
+    #2's SM contention 4.140 -> 3.991 s (read from the model)."""
     from meshplan.plan import build_plan
     from meshplan.schedule.steptime import step_time
     from meshplan.search.candidate import candidate_config
@@ -163,16 +173,21 @@ def test_compute_difference_names_its_largest_part(q1_search):
     a, b = split
     other, copies, sm = SPLIT_PARTS[3], SPLIT_PARTS[2], "SM contention (NCCL channels)"
     assert b[copies] == pytest.approx(2 * a[copies], rel=1e-3)  # bytes / tp
-    assert (round(a[sm], 3), round(b[sm], 3)) == (3.674, 4.140)  # read from the model (docstring)
+    # read from the model (docstring); kvheads: the cp 2 x tp 2 mesh's ring gathers and shifts at its 4 local KV
+    # heads, not 32 q heads (8x fewer bytes), hold NVLink's 24 SMs for less: 4.140 -> 3.991 s
+    assert (round(a[sm], 3), round(b[sm], 3)) == (3.674, 3.991)
     pair = 32 * 4096 ** 2 * 256
     rank0 = 80 * 16 * pair * (1 / 319 + 1 / 368 - 2 / 333 + 2.5 * (1 / 310 + 1 / 291 - 2 / 318)) / 1e12
     att = 80 * 16 * pair * (1 / 319 + 1 / 362 - 2 / 333 + 2.5 * (1 / 310 + 1 / 310 - 2 / 318)) / 1e12  # rank 1
     assert (round(rank0, 3), round(att, 3)) == (0.137, 0.052)
-    assert 14 * 32 * 4096 * 128 / 2.97e12 > (rank0 - att) / (80 * 16)   # rank 1's extra bytes outweigh
-    assert b["attention"] - a["attention"] == pytest.approx(att, rel=1e-3)
-    n_q, triad = 32 * 4096 * 128, 2.97e12
-    merge_s, grad_s = 80 * 16 * 66 * n_q / triad, 80 * 16 * 144 * n_q / triad
-    assert (round(merge_s, 3), round(grad_s, 3)) == (0.477, 1.041)
+    n_q, n_kv, triad = 32 * 4096 * 128, 2 * 4 * 4096 * 128, 2.97e12   # K and V at the 4 local KV heads
+    bytes0 = n_q * (12 + 27) + n_kv * 8 + n_q * (20 + 13) + n_kv * (24 + 10 + 4 + 16)   # ring_bytes, rank 0
+    bytes1 = n_q * (12 + 38) + n_kv * 8 + n_q * (20 + 10) + n_kv * (24 + 13 + 4 + 16)   # rank 1
+    assert (bytes1 - bytes0) / n_q == 8.75
+    assert (bytes1 - bytes0) / triad < (rank0 - att) / (80 * 16)   # rank 0's slower SDPA outweighs
+    assert b["attention"] - a["attention"] == pytest.approx(rank0, rel=1e-3)   # rank 0's block
+    merge_s, grad_s = 80 * 16 * 41 * n_q / triad, 80 * 16 * 46.5 * n_q / triad
+    assert (round(merge_s, 3), round(grad_s, 3)) == (0.296, 0.336)
     assert 0.98 < (merge_s + grad_s) / (b[other] - a[other]) < 1  # the rest: its other memory-bound ops
     two = q1_search.top[1]
     assert c.label(two.index).startswith("pp 8 x dp_shard 4 x tp 4")
@@ -235,7 +250,9 @@ def test_best_rejected_never_prints_zero_percent(q1_search):
     h 0 ms; the best rejected is now pp 8 x dp_shard 4 x tp 4 with short end stages, 31.822 s, 3.67%
     shorter than the top (its stage 1 peaks 69.2 GiB > 67.2 usable), printed with two decimals; the
     tiny difference the trial saw is held by ``relative`` on its own numbers (-0.026%, its doctests
-    the rest)."""
+    the rest). kvheads: without the repeat_kv copies (torch's SDPA reads the KV heads, ``[memory]
+    kv_expanded`` false) the top is 32.9677 s and the best rejected 31.747 s, 3.70% shorter (read from the
+    model); the tail unchanged (w 7.8931 ms, h 0)."""
     from meshplan.plan import build_plan
     from meshplan.report.search import rejected_lines
     from meshplan.search.candidate import candidate_config
@@ -243,9 +260,9 @@ def test_best_rejected_never_prints_zero_percent(q1_search):
     b, top = q1_search.best_rejected, q1_search.top[0]
     assert q1_search.candidates.label(b.index).startswith("pp 8 x dp_shard 4 x tp 4")
     rel = b.step_s / top.step_s - 1
-    assert round(rel, 4) == -0.0367
+    assert round(rel, 4) == -0.0370
     tail, step = tail_of(build_plan(candidate_config(q1_search.config, q1_search.candidates, top.index)))
-    assert step == pytest.approx(top.step_s, abs=1e-9) and round(top.step_s, 4) == 33.0327
+    assert step == pytest.approx(top.step_s, abs=1e-9) and round(top.step_s, 4) == 32.9677
     assert (round(tail.w * 1e3, 4), round(tail.h * 1e3, 4), tail.m) == (7.8931, 0.0, 16)  # read from the model
     text = rejected_lines(q1_search)[1]
     assert f"({abs(rel):.2%} shorter than the top)" in text and "0.0%" not in text
