@@ -7,4 +7,4 @@ names). Unknown keys are rejected; :mod:`meshplan.config` turns validation error
 """
 
 __all__ = ["axes", "cluster", "hf", "hf_families", "memory", "memory_buckets", "memory_fields", "mesh", "model",
-           "params", "search", "training", "training_engines", "training_fields", "training_precision"]
+           "params", "search", "training", "training_cp", "training_engines", "training_fields", "training_precision"]

@@ -2,19 +2,20 @@
 ZeRO-1/2 and ZeRO-3, Megatron-LM's distributed optimizer), the DeepSpeed defaults in effect,
 the engine a search's candidates run under, recompute and routing as the runtime resolves them,
 (which plan knobs act: :mod:`meshplan.spec.training_knobs`; which layers are checkpointed:
-:mod:`meshplan.spec.training_recompute`). :class:`TrainingEngines` adds them to the fields
+:mod:`meshplan.spec.training_recompute`; how context parallelism runs attention:
+:mod:`meshplan.spec.training_cp`). :class:`TrainingEngines` adds them to the fields
 (:class:`meshplan.spec.training_fields.TrainingFields`) as properties; every caller reaches them
 through :class:`meshplan.spec.training.TrainingSpec`.
 """
 
 from __future__ import annotations
 
-from meshplan.spec.training_recompute import TrainingRecompute
+from meshplan.spec.training_cp import TrainingCp
 from meshplan.spec.recompute_words import recompute_words
 from meshplan.spec.wording import runtime
 
 
-class TrainingEngines(TrainingRecompute):
+class TrainingEngines(TrainingCp):
     """The engine rules of a training (module docstring), as properties of its fields."""
 
     @property
@@ -332,55 +333,6 @@ class TrainingEngines(TrainingRecompute):
         if self.zero0_engine != "ddp":
             return "zero0_engine"
         return "zero3_engine" if self.zero3_engine != "fsdp2" else ""
-
-    @property
-    def cp_kind(self) -> str:
-        """How context parallelism runs attention: ``cp_attention``, or unset the framework's own:
-        torch's ring attention under ``framework = "torch"`` (torchtitan's ``context_parallel``),
-        Transformer Engine's p2p ring under ``"megatron"`` (Megatron-LM's ``--cp-comm-type``
-        default ``p2p``: arguments.py and ``TEDotProductAttention`` at NVIDIA/Megatron-LM d98e8a6,
-        which passes ``cp_comm_type = "p2p"`` for None). The one rule the CP rows
-        (:func:`meshplan.spec.axes.cp.cp_rows`), the ring's kernels
-        (:func:`meshplan.compute.ops.framework_kernels`) and the search's bound read.
-
-        >>> from meshplan.spec.training import TrainingSpec
-        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).cp_kind for kw in (
-        ...  {}, {"cp_attention": "allgather"}, {"framework": "megatron"},
-        ...  {"framework": "megatron", "cp_attention": "allgather"}, {"flash_attention": False})]
-        ['ring', 'allgather', 'p2p', 'allgather', 'allgather']
-
-        Without ``flash_attention`` torch's default is all-gather CP: its ring runs the flash,
-        efficient or cuDNN SDPA kernels only (``_sdpa_handler`` raises "CP only supports flash
-        attention and memory efficient attention now", torch 2.13 ``_context_parallel/_attention.py``).
-        """
-        if self.cp_attention:
-            return self.cp_attention
-        if self.framework == "torch":
-            return "ring" if self.flash_attention else "allgather"
-        return "p2p"
-
-    @property
-    def cp_ring(self) -> bool:
-        """Whether context parallelism runs torch's ring attention (:attr:`cp_kind` ``"ring"``).
-
-        >>> from meshplan.spec.training import TrainingSpec
-        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).cp_ring for kw in (
-        ...  {}, {"cp_attention": "allgather"}, {"framework": "megatron"}, {"flash_attention": False})]
-        [True, False, False, False]
-        """
-        return self.cp_kind == "ring"
-
-    @property
-    def cp_p2p(self) -> bool:
-        """Whether context parallelism runs Transformer Engine's p2p ring (:attr:`cp_kind` ``"p2p"``:
-        Megatron-LM's default, :func:`meshplan.spec.axes.cp.p2p_rows`).
-
-        >>> from meshplan.spec.training import TrainingSpec
-        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).cp_p2p for kw in (
-        ...  {}, {"framework": "megatron"}, {"framework": "megatron", "cp_attention": "allgather"})]
-        [False, True, False]
-        """
-        return self.cp_kind == "p2p"
 
     @property
     def has_zero1_engine(self) -> bool:

@@ -163,7 +163,7 @@ class TrainingFields(BaseModel):
     moe_dropless: Optional[bool] = None
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
     moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
-    cp_attention: Optional[Literal["ring", "p2p", "allgather"]] = None  # unset: the framework's (TrainingEngines.cp_kind)
+    cp_attention: Optional[Literal["ring", "p2p", "allgather"]] = None  # unset: the framework's (TrainingCp.cp_kind)
     cp_rotate: Literal["allgather", "alltoall"] = "allgather"  # torch's ring: how K/V travel (spec.axes.cp.ring_rows)
     # DeepSpeed ZeRO++ (zero3_engine "deepspeed"; meshplan.comm.zeropp): hpZ's secondary group, qwZ, qgZ
     zero_hpz_partition_size: int = Field(default=1, ge=1, le=BOUNDS["world"].value)
