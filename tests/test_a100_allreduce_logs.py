@@ -70,7 +70,8 @@ def test_s15_lies_inside_the_public_logs_so_the_curve_stays():
 
 
 def test_the_decision_holds_without_the_doubtful_logs():
-    """Without S3 (its script names NCCL_ALGO=NVLS, which A100 lacks) and the three test
+    """Without S3 (its table is labelled NVLS, which A100 lacks; its script of the day ran Tree,
+    Ring, NVLS and NVLSTree in turn and the page does not say which it shows) and the three test
     fixtures, 64 MiB spans 168.86 .. 199.23 (S15 inside) and 128 MiB 179.99 .. 198.78 (S15 below):
     outside at one size only, so the rule still keeps S15."""
     kept = [LOGS[k] for k in ("OCI BM.GPU4.8", "thanos -g 8", "thanos 8 processes")]
