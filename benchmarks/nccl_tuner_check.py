@@ -25,11 +25,11 @@ at the ring's bandwidth"):
 - At a curve's own rank count the latency meshplan adds is the one it takes off the
   measurement, so the protocol behind it cancels: every dev-set collective (tp over 8 GPUs on
   the 8-GPU curve, pp send/recv and the embedding all-reduce on the 2-rank curves) is the
-  measured curve itself, inside the S15 / S3 spread (96 MiB 171.6 vs 184.8 GB/s, 48 MiB 153.3
-  vs 157.4, 7.1 MB 100.5 vs 88.2, 3.5 MB 60.8 vs 67.4; since 2026-12-06 the curve holds all 20 of
-  S15's rows, and its 64M row reads 96 MiB at 175.1 and 48 MiB at 158.9). NCCL's tuner model is 17-36% faster
-  than both at 3.5-100 MB (a selection model, not a time model): no reason to take its
-  bandwidths.
+  measured curve itself, beside the other sweep S3 (since 2026-12-06 the curve holds all 20 of
+  S15's rows: 96 MiB 175.1 GB/s, 48 MiB 158.9, 7.1 MB 100.5, 3.5 MB 60.8; S3 with all 24 of its
+  rows since 2026-12-07: 171.6, 153.6, 86.0, 67.3, where its 9 quoted rows read 184.8, 157.4,
+  88.2, 67.4). NCCL's tuner model's times are 21-33% shorter than both at 3.5-100 MB (a selection
+  model, not a time model): no reason to take its bandwidths.
 - Small messages: NCCL runs LL there and its LL latency is the right one (1 KB all-reduce over
   8 A100: meshplan 15.9 us, S18 16.96, tuner 15.0).
 - Away from the curve's rank count (ZeRO-3, 384-1,536 ranks) the pairing matters: with Simple's
@@ -121,10 +121,15 @@ def tuner(op: str, n: int, nodes: int, size_bytes: float, n_ch: int, bw_ch: floa
     return best
 
 
-#: [S3] Azure A100 nccl-tests all_reduce, NCCL 2.18.5 (public-microbenchmarks.md 4a): the
-#: second 8x A100 sweep, against which the catalog's S15 curve's spread is read.
-S3_A100 = {2**10: 0.04, 2**16: 2.70, 2**20: 36.22, 2**22: 71.43, 2**24: 109.22, 2**26: 166.63, 2**28: 213.87,
-           2**30: 228.10, 2**33: 231.58}
+#: [S3] Azure A100 nccl-tests all_reduce, NCCL 2.18.5 (Azure/AI-benchmarking-guide @3bb66ca
+#: Azure_Results/ND_A100_v4_results.md, in-place busbw, fp32): the second 8x A100 sweep, against
+#: which the catalog's S15 curve's spread is read. Every row of its table (1K .. 8G, doubling; the
+#: table writes 2^17 as "132K"); until 2026-12-07 this held the 9 that public-microbenchmarks.md 4a
+#: quotes, so 96 MiB was read on 64M -> 256M (184.8 GB/s) where the 128M row (174.18) gives 171.6.
+S3_A100 = {2**10: 0.04, 2**11: 0.08, 2**12: 0.17, 2**13: 0.33, 2**14: 0.67, 2**15: 1.37, 2**16: 2.70,
+           2**17: 5.15, 2**18: 10.11, 2**19: 19.24, 2**20: 36.22, 2**21: 53.54, 2**22: 71.43, 2**23: 89.99,
+           2**24: 109.22, 2**25: 132.77, 2**26: 166.63, 2**27: 174.18, 2**28: 213.87, 2**29: 221.58,
+           2**30: 228.10, 2**31: 230.22, 2**32: 230.48, 2**33: 231.58}
 
 
 def measured_busbw(points: dict, size_bytes: float, op: str = "all-reduce", n: int = 8) -> float:

@@ -36,15 +36,20 @@ def _two_nodes(op, size):
 # 101.94 us, so 101.94):
 #  96 MiB (22B tp, s 2048 x b 4 x h 6144 x 2 B): t(64M) = 1.75 x 2^26 / 171.54e9 = 684.62, t(128M)
 #     1327.77 us, half way: 1006.19 us, busbw 175.08 (the catalog held only S15's 32M and 128M rows
-#     here until fid22: 2/3 of 423.98..1327.77, 1026.50 us, 171.61); S3: t(64M) 704.80, t(256M)
-#     2196.52 us, 1/6: 953.42 us, 184.77.
+#     here until fid22: 2/3 of 423.98..1327.77, 1026.50 us, 171.61).
 #  48 MiB (175B tp, h 12288, b 1): half of t(32M) 423.97 .. t(64M) 684.62: 554.30 us, 158.90 (was
-#     1/6 of 32M..128M: 574.61 us, 153.29); S3 1/3 of 16M..64M: 157.43.
+#     1/6 of 32M..128M: 574.61 us, 153.29).
 #  7,127,040 B (22B SP grads): t(4M) raised to 101.94, t(8M) 133.58 us, 0.6992 of the way:
-#     124.06 us, 100.53; S3 (4M 102.75, 16M 268.82 us) 88.17.
-#  3,538,944 B (175B SP grads): 1M..4M flat at 101.94 us: 60.75; S3 (1M 50.66, 4M 102.75 us) 67.39.
-A100_ALL_REDUCE = [(96 * MiB, 175.08, 184.77), (48 * MiB, 158.90, 157.43), (7127040, 100.53, 88.17),
-                   (3538944, 60.75, 67.39)]
+#     124.06 us, 100.53.
+#  3,538,944 B (175B SP grads): 1M..4M flat at 101.94 us: 60.75.
+# S3 (Azure ND A100 v4, NCCL 2.18.5) on its own neighbouring rows, all 24 of its table (a100ar,
+# 2026-12-07; before, the 9 rows public-microbenchmarks.md quotes: 184.77, 157.43, 88.17, 67.39):
+#  96 MiB: half of t(64M) = 1.75 x 2^26 / 166.63e9 = 704.80 .. t(128M) 1.75 x 2^27 / 174.18e9 =
+#     1348.50 us: 1026.65 us, 171.59; 48 MiB: half of t(32M) 442.27 (132.77) .. 704.80: 573.53 us,
+#     153.57; 7,127,040 B: 0.6992 of t(4M) 102.76 (71.43) .. t(8M) 163.13 (89.99): 144.97 us, 86.03;
+#     3,538,944 B: 0.6875 of t(2M) 68.55 (53.54) .. 102.76: 92.07 us, 67.27.
+A100_ALL_REDUCE = [(96 * MiB, 175.08, 171.59), (48 * MiB, 158.90, 153.57), (7127040, 100.53, 86.03),
+                   (3538944, 60.75, 67.27)]
 
 
 @pytest.mark.parametrize("size, hand, s3", A100_ALL_REDUCE)
