@@ -111,9 +111,9 @@ mid-2025 ``torch/distributed/_symmetric_memory/__init__.py``, with ``typing.Opti
   consuming an all-gather whose shards the backend stream pulls from each peer's symmetric buffer
   one after another, ``Tensor.copy_``, the copy-engine pull torch's fused ops issue, against the
   same kernel with the data already there, ``triton mm only``; its cuBLAS column agrees with the
-  catalog's GEMMs on that part within -5% to +9% at its nine shapes). On the six Llama 3 70B and 105B rows, whose seven pulls
-  take 20-39% of the GEMM at the ring step's rate (the kernel never waits for data), the fused
-  kernel is 9.8-12.4% longer: least squares over the six, fused = 1.0955 x alone + 20.7 us. So a
+  catalog's GEMMs on that part within -5% to +9% at its nine shapes). On the six Llama 3 70B and
+  105B rows, whose seven pulls take 20-39% of the GEMM at the ring step's rate (the kernel never
+  waits for data), the fused kernel is 9.8-12.4% longer: least squares over the six, fused = 1.0955 x alone + 20.7 us. So a
   piece's GEMM with a pull beside it takes 1.0955 x its time alone, and each call 20.7 us more
   (its barrier, stream waits and progress writes); catalog ``kernels.toml``
   ``copy_engine_gemm_slowdown`` and ``copy_engine_call_s`` of that GPU; on GPUs without them, and
@@ -133,7 +133,7 @@ mid-2025 ``torch/distributed/_symmetric_memory/__init__.py``, with ``typing.Opti
   GEMM (taken as the ring step's; the same README's 8B rows, whose pulls are 65-74% of the GEMM,
   run 18-70% longer than the kernel alone, more than the contention above explains: consistent with
   pulls of 4.2-16.8 MB shards taking about 13 us + S / 350 GB/s each, if those rows wait for data,
-  which the README does not show; at the runs' 100-268 MB shards that would be 4-8% over the ring
+  which the README does not show; at the runs' 100-268 MB shards that would be 6-9% over the ring
   step, not taken).
 """
 
