@@ -260,9 +260,17 @@ most; the extra kernels): one kernel was missing, the restride of wo's input bef
 reduce-scatter (:func:`~meshplan.compute.asynctp.restride_bytes`, 201 MB a layer at 8B: +3.0 ms a
 step; 70B twice a layer under full AC), 8B bf16 +20.3% -> +20.1%, 70B +17.1% -> +16.9% (dgx-h100
 +20.9% -> +20.8%, +18.6% -> +18.4%). Nothing else the source shows accounts for predicting about
-twice the published bf16 gains. Not modelled (no measurement here): copy-engine traffic slowing
-the GEMMs beside it, two pieces' GEMMs at once on torch's two streams, the pieces' wave
-quantization (the bf16 GEMM table has no M above 4,096). Left, on the baseline's side: op-level
+twice the published bf16 gains. Then (issue 11, nc55 #5) a micro-level measurement on the part: the
+GEMMs beside torch's copy-engine pulls run 9.55% slower, 20.7 us a call (yifuwang/symm-mem-recipes
+README, "8xH100 (special version with HBM2e, at 500W)": a Triton GEMM fed by copy-engine pulls against
+the same GEMM alone, six 70B / 105B rows, least squares; :func:`~meshplan.compute.asynctp.copy_engine_terms`,
+bf16 only): A70 bf16 gain +16.1% -> +12.9% (saving 3.662 -> 3.021 s against 2.317 published), A8 bf16
++19.1% -> +17.1% (0.429 -> 0.390 s against 0.252), the float8 rows and ``--node dgx-h100`` unchanged;
+mean |error| 16.7% -> 16.5%. Left, not sourced: 0.70 s at 70B, 0.14 s at 8B (docs/fidelity.md, "Async
+TP at the micro level": where the predicted saving lies, what measurement would settle it). Not
+modelled: two pieces' GEMMs at once on torch's two streams, the pieces' wave quantization (the bf16
+GEMM table has no M above 4,096), the copy-engine pull's own rate under a GEMM (the ring step's). Left,
+on the baseline's side: op-level
 SAC replays wo and the scatters' layout copies in the compiled vanilla rows, which AOTAutograd's
 partitioner drops as full AC's w_down (:func:`meshplan.compute.recompute.full_ac_not_replayed`;
 the reduce-scatter's output is saved, so nothing in backward reads them): 73.6 ms of the vanilla

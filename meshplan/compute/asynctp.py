@@ -101,9 +101,26 @@ mid-2025 ``torch/distributed/_symmetric_memory/__init__.py``, with ``typing.Opti
 - Synchronisation per call: all-gather 3 barriers (one signal-pad write to and wait on each
   peer; 2 before the first pull, 1 after the last GEMM), reduce-scatter 2 + 2 (tp - 1) (those
   of a step hide behind the other stream's work but the first and last), two cross-stream
-  waits. Not modelled: no barrier latency is measured here; at the fabric's NCCL per-step
-  latency (3.4 us) 3 exposed a call cost 32 layers x 8 calls x 3 x 3.4 us = 2.6 ms of the 8B
-  run's 2.6 s step.
+  waits. Their cost is measured on one GPU only, with the pulls' contention below (the
+  regression's intercept, :func:`copy_engine_terms`); elsewhere not modelled (at the fabric's
+  NCCL per-step latency, 3.4 us, 3 exposed a call would cost 32 layers x 8 calls x 3 x 3.4 us =
+  2.6 ms of the 8B run's 2.6 s step).
+- **The GEMMs beside the pulls run slower** (:func:`copy_engine_terms`, :func:`fused_seconds`'
+  ``slowdown``): measured on the runs' own part, the 96 GB HBM2e H100 at 500 W on NVSwitch
+  (yifuwang/symm-mem-recipes ``symm_mem_recipes/README.md``, 00db684: a persistent Triton GEMM
+  consuming an all-gather whose shards the backend stream pulls from each peer's symmetric buffer
+  one after another, ``Tensor.copy_``, the copy-engine pull torch's fused ops issue, against the
+  same kernel with the data already there, ``triton mm only``; its cuBLAS column agrees with the
+  catalog's GEMMs on that part within -5% to +9% at its nine shapes). On the six Llama 3 70B and
+  105B rows, whose seven pulls take 20-39% of the GEMM at the ring step's rate (the kernel never
+  waits for data), the fused kernel is 9.8-12.4% longer: least squares over the six, fused = 1.0955 x alone + 20.7 us. So a
+  piece's GEMM with a pull beside it takes 1.0955 x its time alone, and each call 20.7 us more
+  (its barrier, stream waits and progress writes); catalog ``kernels.toml``
+  ``copy_engine_gemm_slowdown`` and ``copy_engine_call_s`` of that GPU; on GPUs without them, and
+  for float8 GEMMs (the measurement is bf16), nothing is added. Why (HBM, or the power cap with
+  the NVLink and copy engines drawing beside the SMs) the data does not say. On that part it
+  moves the bf16 rows' predicted saving by 0.64 s a step at 70B (``benchmarks/torchtitan_h100.py
+  --async-gain``); the 8B rows' pieces are about as long as their pulls, so less.
 - Kernels beyond the GEMMs: the shard copy and the partial sum (:func:`torch_extra_bytes`, at the
   memory-bound kernels' rate although the shard copy is a copy-engine copy), the restride of wo's
   input (:func:`restride_bytes`). Not modelled: the copy of the own shard into the returned
@@ -112,7 +129,12 @@ mid-2025 ``torch/distributed/_symmetric_memory/__init__.py``, with ``typing.Opti
   compiled graph's input (not checked).
 - Not modelled: the GEMMs of two pieces running at once on the two streams (the source's answer
   to the pieces' wave quantization; the catalog's H100 bf16 GEMM table has no M above 4,096,
-  so its pieces of M / tp rows rate about as the whole), copy-engine traffic in HBM beside the GEMMs.
+  so its pieces of M / tp rows rate about as the whole); the copy-engine pull's own rate under a
+  GEMM (taken as the ring step's; the same README's 8B rows, whose pulls are 65-74% of the GEMM,
+  run 18-70% longer than the kernel alone, more than the contention above explains: consistent with
+  pulls of 4.2-16.8 MB shards taking about 13 us + S / 350 GB/s each, if those rows wait for data,
+  which the README does not show; at the runs' 100-268 MB shards that would be 6-9% over the ring
+  step, not taken).
 """
 
 from __future__ import annotations
@@ -290,12 +312,16 @@ def restride_bytes(name: str, m: int, k: int, dtype_bytes: int, micro_batch: int
     return 2 * m * k * dtype_bytes
 
 
-def fused_seconds(gemm_s: float, comm_s: float, n_pieces: int, trail: bool = False) -> float:
+def fused_seconds(gemm_s: float, comm_s: float, n_pieces: int, trail: bool = False,
+                  slowdown: float = 0.0, call_s: float = 0.0) -> float:
     """Seconds of one fused op: ``n_pieces`` GEMM pieces of ``gemm_s / n_pieces`` each, piece
     i + 1's transfer (``comm_s`` each) beside piece i's GEMM:
-    ``g + (n - 1) max(g, c)``, plus one more ``c`` when the last piece's transfer follows its
-    GEMM (``trail``: TE's pipeline reduce-scatter). An all-gather's first piece is the local
-    shard; torch's reduce-scatter computes the local rows last, beside the last pull.
+    ``g + (n - 1) max(g (1 + slowdown), c) + call_s``, plus one more ``c`` when the last piece's
+    transfer follows its GEMM (``trail``: TE's pipeline reduce-scatter). An all-gather's first
+    piece is the local shard, beside the first pull, and its last GEMM runs alone; torch's
+    reduce-scatter computes the first peer's rows alone and the local rows last, beside the last
+    pull: either way n - 1 GEMMs have a transfer beside them, each ``slowdown`` longer, and the
+    call adds ``call_s`` (:func:`copy_engine_terms`; 0 and 0: not measured).
 
     8 pieces of 1 ms GEMM against 0.5 ms transfers: 8 ms (hidden); against 2 ms: 1 + 7 x 2 = 15 ms:
 
@@ -303,11 +329,39 @@ def fused_seconds(gemm_s: float, comm_s: float, n_pieces: int, trail: bool = Fal
     (0.008, 0.015)
     >>> round(fused_seconds(4e-3, 0.5e-3, 4, trail=True), 12)  # 4 x 1 ms + the last 0.5 ms reduce-scatter
     0.0045
+
+    On the 500 W HBM2e H100 (slowdown 0.0955, 20.7 us a call): 1 + 7 x 1.0955 + 0.0207 = 8.6892 ms;
+    against 2 ms transfers still 1 + 7 x 2 + 0.0207 = 15.0207 ms:
+
+    >>> round(fused_seconds(8e-3, 0.5e-3, 8, slowdown=0.0955, call_s=20.7e-6) * 1e3, 6)
+    8.6892
+    >>> round(fused_seconds(8e-3, 2e-3, 8, slowdown=0.0955, call_s=20.7e-6) * 1e3, 6)
+    15.0207
     """
     if n_pieces < 1:
         return gemm_s
     g = gemm_s / n_pieces
-    return g + (n_pieces - 1) * max(g, comm_s) + (comm_s if trail else 0.0)
+    return g + (n_pieces - 1) * max(g * (1.0 + slowdown), comm_s) + call_s + (comm_s if trail else 0.0)
+
+
+def copy_engine_terms(framework: str, float8: bool, data) -> tuple[float, float]:
+    """(slowdown, call_s) of :func:`fused_seconds` for ``framework``'s fused ops on a GPU of
+    kernel data ``data`` (:class:`~meshplan.compute.measured.KernelData`, or None): the measured
+    ``copy_engine_gemm`` of that GPU (module docstring: a bf16 GEMM beside torch's copy-engine
+    pulls of one peer's symmetric buffer at a time, and the fixed cost of a call) for torch's
+    fused ops with bf16/fp16 GEMMs; (0, 0) for float8 GEMMs (``float8``: the fused Linears run
+    float8, not measured), for Megatron-LM's Transformer Engine userbuffers (another runtime, not
+    measured) and on GPUs without the measurement.
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> copy_engine_terms("torch", False, kernel_data("h100-hbm2e-96gb-500w"))
+    (0.0955, 2.07e-05)
+    >>> copy_engine_terms("torch", True, kernel_data("h100-hbm2e-96gb-500w")), copy_engine_terms("torch", False, kernel_data("h100-sxm5-80gb"))
+    ((0.0, 0.0), (0.0, 0.0))
+    """
+    if framework != "torch" or float8 or data is None:
+        return (0.0, 0.0)
+    return data.copy_engine_gemm
 
 
 def piece_comm_s(framework: str, collective_s: float, tp: int, reduce_scatter: bool) -> float:

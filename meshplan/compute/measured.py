@@ -103,7 +103,10 @@ class KernelData:
     """One GPU's measured kernel data (see the module docstring); bandwidths in B/s. ``first``:
     kernels whose rows were measured on the user's GPU for this run (``--kernels``,
     :func:`meshplan.compute.kernel_fragment.with_fragment`), tried before any other, the
-    framework's choice included: torch's SDPA timed on the GPU is what the framework runs there."""
+    framework's choice included: torch's SDPA timed on the GPU is what the framework runs there.
+    ``copy_engine_gemm``: (slowdown, seconds a call) of async TP's GEMMs beside copy-engine pulls,
+    measured on this GPU (kernels.toml ``copy_engine_gemm_slowdown``, ``copy_engine_call_s``;
+    :func:`meshplan.compute.asynctp.copy_engine_terms`), (0, 0) where not measured."""
 
     gpu: str
     gemm: dict
@@ -118,6 +121,7 @@ class KernelData:
     dtensor_tp_block_s: tuple[float, float] = (0.0, 0.0)
     dtensor_tp_source: str = CATALOG_HOST_PACE
     bmm_head_dim: Optional[BmmHeadDim] = None
+    copy_engine_gemm: tuple[float, float] = (0.0, 0.0)
 
 
 @lru_cache(maxsize=None)
@@ -138,7 +142,8 @@ def kernel_data(gpu_name: str) -> Optional[KernelData]:
                       raw["host"]["kernel_issue_s"], raw["source"],
                       dtensor_tp_block_s=(raw["host"].get("dtensor_tp_block_forward_s", 0.0),
                                           raw["host"].get("dtensor_tp_block_backward_s", 0.0)),
-                      bmm_head_dim=_bmm_head_dim(raw.get("bmm_head_dim")))
+                      bmm_head_dim=_bmm_head_dim(raw.get("bmm_head_dim")),
+                      copy_engine_gemm=(raw.get("copy_engine_gemm_slowdown", 0.0), raw.get("copy_engine_call_s", 0.0)))
 
 
 def _bmm_head_dim(raw: Optional[dict]) -> Optional[BmmHeadDim]:

@@ -101,7 +101,8 @@ class Workload:
     ``sp_layout_copies``: torch's sequence-parallel
     collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`);
     ``async_tp``: the framework ("torch" or "megatron") whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
-    :mod:`meshplan.compute.asynctp`), "" for none; ``fp8_rowwise``: the float8 Linears scale
+    :mod:`meshplan.compute.asynctp`), "" for none, ``copy_engine_gemm`` its GEMMs' slowdown beside the
+    pulls and seconds a call (:func:`~meshplan.compute.asynctp.copy_engine_terms`); ``fp8_rowwise``: the float8 Linears scale
     rowwise (``training.fp8_recipe``); ``fp8_tp``: torchao's float8 TP styles apply to the
     tensorwise ones (``training.fp8_tp``); both decide which of torch's gathers fuse
     (:attr:`plain_tp_float8`);
@@ -174,6 +175,7 @@ class Workload:
     fp8_tp: bool = True
     fp8_all_gather: bool = False
     async_tp: str = ""
+    copy_engine_gemm: tuple[float, float] = (0.0, 0.0)
     torch_ring_attention: bool = False
     cp_alltoall: bool = False
     kv_expanded: bool = False

@@ -216,13 +216,15 @@ class StreamSim:
         """A fused all-gather + GEMM (``reduce_scatter`` False) or GEMM + reduce-scatter of ``n``
         pieces (:mod:`meshplan.compute.asynctp`): the compute stream runs it for
         :func:`~meshplan.compute.asynctp.fused_seconds` of its GEMMs (``gemm_s``, the pieces')
-        and one piece's transfer (``collective_s``: the whole collective's model time); the time
+        and one piece's transfer (``collective_s``: the whole collective's model time), with the
+        workload's ``copy_engine_gemm`` (the GEMMs' slowdown beside the pulls, a call's cost); the time
         beyond the GEMMs is exposed on "tp". The transfers (``collective_s`` in all) are shown on
         the tp stream from the op's start (all-gather: the local piece first) or after its first
         GEMM piece (reduce-scatter); the tp stream's next collective starts no earlier than they end."""
         fw = self.w.async_tp
         c = asynctp.piece_comm_s(fw, collective_s, self.w.tp, reduce_scatter)
-        total = asynctp.fused_seconds(gemm_s, c, n, trail=reduce_scatter and fw == "megatron")
+        slow, call_s = self.w.copy_engine_gemm  # (0, 0) but for torch's bf16 pieces on a measured GPU
+        total = asynctp.fused_seconds(gemm_s, c, n, trail=reduce_scatter and fw == "megatron", slowdown=slow, call_s=call_s)
         ev = self.compute(name, total)
         if total > gemm_s:
             self.task_of[id(ev)].extra = total - gemm_s

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.comm.collectives import axis_path, path_time
+from meshplan.compute import asynctp
 from meshplan.compute.batch_input import core_batch_chunk, core_broadcast_keys, core_key_bytes, megatron_broadcast_bytes
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.embed_head import embedding_cost, head_cost
@@ -36,19 +37,23 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     Megatron-LM (``training.framework``) projects Q, K and V with one GEMM and, with fp32
     gradients, accumulates the weight gradients into them inside the GEMM (its
     ``gradient_accumulation_fusion``, on by default). ``training.tp_comm_overlap`` with sequence
-    parallelism and tp > 1: the framework's decomposed TP GEMMs (:mod:`meshplan.compute.asynctp`).
+    parallelism and tp > 1: the framework's decomposed TP GEMMs (:mod:`meshplan.compute.asynctp`), slowed
+    beside torch's copy-engine pulls where the GPU's kernel data measures it (:func:`~meshplan.compute.asynctp.copy_engine_terms`).
     Megatron Core's embedding reduce-scatter under SP (``embed_reduce_scatter``):
     :func:`meshplan.compute.megatron_core.embedding_reduce_scatter` of the model's positions."""
     t, mesh = plan.config.training, plan.mesh
     dropout = dropout or plan.config.memory.dropout
     split = local_split(mesh)  # the dims each registered axis divides, as the plan's shapes
     async_tp = t.framework if t.tp_comm_overlap and mesh.sequence_parallel and split[Dim.HEADS] > 1 else ""
+    f8 = float8_gemms(plan.config.model, t)
+    fused_f8 = bool(f8.get("float8_gemms", frozenset()) & {*asynctp.AG_FORWARD, *asynctp.RS_FORWARD})
+    ce = asynctp.copy_engine_terms(async_tp, fused_f8, kernel_data(plan.config.cluster.gpu))
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=split[Dim.HEADS], cp=split[Dim.SEQUENCE],
                     sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
                     recompute=t.recompute, recompute_modules=tuple(t.recompute_modules), flash=t.flash_attention,
                     dropout=dropout,
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
-                    **float8_gemms(plan.config.model, t), async_tp=async_tp,
+                    **f8, async_tp=async_tp, copy_engine_gemm=ce,
                     dtensor_host_s=dtensor_host_s(plan.config, split[Dim.HEADS]),
                     dtensor_host_source=dtensor_host_source(plan.config), moe_tp_ops=moe_tp_ops(plan),
                     embed_reduce_scatter=embedding_reduce_scatter(
