@@ -149,7 +149,7 @@ from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepsp
 from meshplan.interop import megatron_deepspeed_args as mds
 from meshplan.interop.megatron_env import NVLS_ENV, import_note
 from meshplan.interop.megatron_flags import PARALLEL
-from meshplan.interop.megatron_mesh import degrees, mesh_table
+from meshplan.interop.megatron_mesh import TP_PP_DP, degrees, mesh_table
 from meshplan.interop import megatron_precision as precision
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers,
@@ -180,7 +180,7 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             *mds.SWITCHES, *MDS_FLASH}
 
 
-USED = set(PARALLEL) | MODEL_FLAGS | {
+USED = set(PARALLEL) | MODEL_FLAGS | {TP_PP_DP} | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
     "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",

@@ -4,18 +4,28 @@ the degrees of ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-siz
 ``--context-parallel-size``, ``--expert-model-parallel-size`` and ``--expert-tensor-parallel-size``
 (:data:`~meshplan.interop.megatron_flags.PARALLEL`), dp inferred as Megatron-LM infers it,
 ``world / (tp x cp x pp)`` (``megatron/training/arguments.py`` at NVIDIA/Megatron-LM d98e8a6), and
-the axes' order outermost first, as meshplan writes a Megatron mesh (pp, dp, cp, tp, ep, etp).
+the axes' order outermost first, as meshplan writes a Megatron mesh (pp, dp, cp, tp, ep, etp), or
+under ``--use-tp-pp-dp-mapping`` (:data:`TP_PP_DP`) dp outside pp (dp, pp, cp, tp).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from meshplan.errors import ConfigError
 from meshplan.interop.common import model_is_moe, model_layers
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_model import num_flag as _num
 from meshplan.interop.world_words import megatron_world_error
 from meshplan.spec.mesh_words import data_axis
+
+#: Megatron-LM's switch of its rank order (megatron/training/arguments.py at d98e8a6: "If set, distributed
+#: ranks initialize order is changed from tp-cp-ep-dp-pp to tp-cp-ep-pp-dp"; initialize.py passes
+#: ``order="tp-cp-ep-pp-dp"`` to ``initialize_model_parallel``): pp inside dp, so a pipeline of tp x pp
+#: <= 8 GPUs keeps its stage-to-stage sends inside a node and dp spans the nodes.
+TP_PP_DP = "--use-tp-pp-dp-mapping"
+#: The dense axes outermost first in each of Megatron-LM's two rank orders (:data:`TP_PP_DP` or not).
+ORDERS = {False: ("pp", "dp", "cp", "tp"), True: ("dp", "pp", "cp", "tp")}
 
 
 def degrees(args: dict, model: dict, world: int, nodes: int) -> tuple[dict[str, int], int]:
@@ -45,10 +55,21 @@ def mesh_table(args: dict, deg: dict[str, int], dp: int, sharding: str) -> dict[
     import). etp 1 beside tp > 1 and ep > 1 is named: a ``[mesh]`` without etp gets etp = tp under
     megatron (``config._megatron_etp``, Megatron-LM's default), so the flag's 1 would come back as tp.
 
+    Under :data:`TP_PP_DP` dp is outside pp (Megatron-LM's order tp-cp-ep-pp-dp); with expert
+    parallelism that is a ConfigError (meshplan places its expert grid inside each pipeline stage of
+    the pp-outermost order only).
+
     >>> mesh_table({"--sequence-parallel": True}, {"tp": 4, "pp": 1, "cp": 1, "ep": 2, "etp": 1}, 8, "zero1")
     {'names': ['dp', 'tp', 'ep', 'etp'], 'shape': [8, 4, 2, 1], 'sequence_parallel': True}
+    >>> mesh_table({TP_PP_DP: True}, {"tp": 2, "pp": 2, "cp": 1, "ep": 1, "etp": 1}, 4, "zero1")["names"]
+    ['dp', 'pp', 'tp']
     """
-    names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)
+    mapped = bool(args.get(TP_PP_DP))
+    if mapped and deg["ep"] > 1:
+        raise ConfigError(TP_PP_DP, f"with --expert-model-parallel-size {deg['ep']} is not planned by meshplan "
+                          "(its expert grid sits inside each pipeline stage of the tp-cp-ep-dp-pp order); "
+                          "drop the flag to plan Megatron-LM's default order")
+    names = [a for a in ORDERS[mapped] + ("ep", "etp") if a == "dp" or (deg[a] > 1)
              or (a == "etp" and deg["ep"] > 1 and deg["tp"] > 1)]
     data = data_axis(sharding)
     return {"names": [data if a == "dp" else a for a in names],

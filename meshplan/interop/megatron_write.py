@@ -17,6 +17,7 @@ from meshplan.interop.megatron_dispatch import dispatcher_flags
 from meshplan.interop.megatron_env import env_note
 from meshplan.interop.megatron_flags import (NO_MASK, DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP,
                                              SHARDING)
+from meshplan.interop.megatron_mesh import ORDERS, TP_PP_DP
 from meshplan.interop.megatron_model import model_flags
 from meshplan.interop.megatron_pipeline import write_pipeline
 from meshplan.interop.tomlout import mesh_spec, resolved
@@ -26,7 +27,7 @@ from meshplan.spec.axes import MEGATRON_AXES
 def write(cfg: Config) -> list[str]:
     """Megatron-LM arguments of ``cfg``, one flag (with its value) per item (the inverse of
     :func:`read`). ConfigError naming what Megatron-LM cannot express: a mesh order other
-    than tp-cp-ep-dp-pp, a layer split other than first/last stage and even middle."""
+    than tp-cp-ep-dp-pp or (``--use-tp-pp-dp-mapping``) tp-cp-ep-pp-dp, a layer split other than first/last stage and even middle."""
     mesh = resolved(cfg)
     t, m = cfg.training, cfg.model
     deg = _degrees(cfg, mesh)
@@ -63,7 +64,8 @@ def write(cfg: Config) -> list[str]:
 def _degrees(cfg: Config, mesh) -> dict[str, int]:
     """Each Megatron-LM axis's degree (dp the one data axis). ConfigError where Megatron-LM cannot
     express the mesh: two data axes or hsdp, an axis it has not (:data:`~meshplan.spec.axes.MEGATRON_AXES`),
-    an order other than its tp-cp-ep-dp-pp (outermost first pp, dp, cp, tp)."""
+    an order other than its tp-cp-ep-dp-pp (outermost first pp, dp, cp, tp) or, under
+    ``--use-tp-pp-dp-mapping``, tp-cp-ep-pp-dp (dp, pp, cp, tp; dense meshes only)."""
     t = cfg.training
     axes = list(mesh.layout.names)
     data = [a for a in axes if a in ("dp", "dp_shard", "dp_replicate")]
@@ -73,10 +75,24 @@ def _degrees(cfg: Config, mesh) -> dict[str, int]:
     stray = [a for a in axes if a not in MEGATRON_AXES]
     if stray:
         raise ConfigError("--to", f"Megatron-LM has no axis {stray[0]!r}")
-    if axes != [a for a in ("pp", "dp", "cp", "tp") if a in axes]:
-        raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
-                          f"cp, tp); reorder the mesh to export it")
+    if axes not in ([a for a in order if a in axes] for order in ORDERS.values()):
+        raise ConfigError("--to", f"mesh order {axes} is neither Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, "
+                          f"dp, cp, tp) nor its tp-cp-ep-pp-dp ({TP_PP_DP}: dp, pp, cp, tp); reorder the mesh to "
+                          f"export it")
+    if _mapped(axes) and mesh.ep > 1:
+        raise ConfigError("--to", f"mesh order {axes} (dp outside pp: Megatron-LM's {TP_PP_DP}) with ep {mesh.ep} "
+                          f"is not planned by meshplan; put pp outermost")
     return {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
+
+
+def _mapped(axes) -> bool:
+    """Whether the Megatron-LM axes ``axes`` (outermost first) put dp outside pp: the order
+    tp-cp-ep-pp-dp that Megatron-LM runs under :data:`~meshplan.interop.megatron_mesh.TP_PP_DP`.
+
+    >>> _mapped(["dp", "pp", "tp"]), _mapped(["pp", "dp", "tp"]), _mapped(["dp", "tp"])
+    (True, False, False)
+    """
+    return "dp" in axes and "pp" in axes and axes.index("dp") < axes.index("pp")
 
 
 def _parallel_flags(cfg: Config, mesh, deg: dict[str, int], mds: bool = False) -> list[str]:
@@ -96,6 +112,11 @@ def _parallel_flags(cfg: Config, mesh, deg: dict[str, int], mds: bool = False) -
     # all-gather CP, or Transformer Engine's p2p ring (Megatron-LM's default; also what torch's ring becomes)
     out += [f"--cp-comm-type {'all_gather' if t.cp_attention == 'allgather' else 'p2p'}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
+    if _mapped(["dp" if a in ("dp", "dp_shard", "dp_replicate") else a for a in mesh.layout.names]):
+        if mds:  # Megatron-DeepSpeed's parser has no such flag: its ranks are pp outermost
+            raise ConfigError("--to", f"mesh order dp outside pp needs Megatron-LM's {TP_PP_DP}, which "
+                              "Megatron-DeepSpeed has not; put pp outermost")
+        out.append(TP_PP_DP)
     return out + write_pipeline(cfg, mesh)
 
 

@@ -11,6 +11,8 @@ by ``meshplan validate``. torch refuses m that is not a multiple of its rounds
 the order). With more than one stage per rank (what torchtitan builds for it: a multi-stage
 schedule gets 2 stages per rank unless ``module_fqns_per_model_part`` says otherwise) it is
 not planned: :func:`meshplan.spec.mesh.multi_stage_refusal` is the one message every entry point gives.
+Under FSDP2 with ``reshard_after_forward`` true its split backward loses weight gradients, as the
+V-shaped schedules' does (:data:`RESHARD_DEFECT`, :meth:`ZBH1.warnings`).
 
 >>> " ".join(u.label() for u in ZB_H1.order(3, 4, 1, 1))
 'F0 F1 B0 F2 B1 W0 F3 B2 W1 B3 W2 W3'
@@ -21,7 +23,24 @@ not planned: :func:`meshplan.spec.mesh.multi_stage_refusal` is the one message e
 from __future__ import annotations
 
 from meshplan.pipeline.base import PipelineSchedule, Unit, torch_rounds
+from meshplan.pipeline.vshape import RESHARD_FIX, reshard_defect
 from meshplan.spec.mesh import Schedule
+
+#: What torch 2.13's ``ScheduleInterleavedZeroBubble`` (one stage per rank) does with FSDP2 over a
+#: data axis and ``reshard_after_forward`` true: the defect :data:`meshplan.pipeline.vshape.RESHARD_DEFECT`
+#: reads in torch's source, on the same runtime. The class is a ``_PipelineScheduleRuntime``
+#: (torch/distributed/pipelining/schedules.py, torch 2.13.0 as installed) whose order has an ``I``
+#: (``BACKWARD_INPUT``: ``backward_one_chunk(full_backward=False)`` -> ``stage_backward_input``) and a
+#: ``W`` for every stage but the first; the ``I`` collects the weights' gradient accumulators before
+#: FSDP's pre-backward all-gather swaps the unsharded parameters in, so a layer unit resharded after
+#: its forward gets no weight gradient from ``W``. Measured (torch 2.13, pp 2, one ``fully_shard``
+#: ``Linear`` stage per rank, 4 micro-batches, against one process's plain backward:
+#: tests/test_zbh1_fsdp_torch.py): with ``reshard_after_forward`` true stage 1's weight gradient is
+#: None, stage 0's exact (its ``I`` is skipped, its ``W`` a full backward); with it false both exact.
+RESHARD_DEFECT = ("torch 2.13's ScheduleInterleavedZeroBubble splits the backward of every stage but the first "
+                  "into I and W, and its I (stage_backward_input) collects the weights before FSDP's all-gather, "
+                  "so a layer unit resharded after its forward gets no weight gradient (measured at pp 2: stage 1's "
+                  "weight gradient None; exact with reshard_after_forward false)")
 
 
 class ZBH1(PipelineSchedule):
@@ -60,6 +79,21 @@ class ZBH1(PipelineSchedule):
             return []
         return [f"ZB-H1 needs micro-batches ({m}) a multiple of torch's rounds max(1, m // pp {p}) = "
                 f"{int(torch_rounds(p, m))} (torch ScheduleInterleavedZeroBubble)"]
+
+    def warnings(self, framework: str, p: int, fsdp2_over_data: bool, reshard_after_forward: bool) -> tuple[str, ...]:
+        """:data:`RESHARD_DEFECT` where :func:`~meshplan.pipeline.vshape.reshard_defect` holds (framework
+        torch, p > 1, FSDP2 over a data axis, ``reshard_after_forward`` true), one line with its fix;
+        ``meshplan validate`` builds no zb_h1 and the search plans none, so no refusal is needed there.
+
+        >>> len(ZB_H1.warnings("torch", 4, True, True)), ZB_H1.warnings("torch", 4, True, False)
+        (1, ())
+        >>> ZB_H1.warnings("megatron", 4, True, True), ZB_H1.warnings("torch", 4, False, True)
+        ((), ())
+        """
+        if not reshard_defect(framework, p, fsdp2_over_data, reshard_after_forward):
+            return ()
+        return (f"{self.name} with FSDP2 over a data axis and reshard_after_forward true under framework torch: "
+                f"{RESHARD_DEFECT}; fix: {RESHARD_FIX}",)
 
     def bubble(self, p, m, v=1, forward_s=1.0, backward_s=2.0, weight_s=0.0) -> float:
         f, b, w = forward_s, backward_s, weight_s
