@@ -118,9 +118,10 @@ def test_one_candidate_by_hand(searched):
     text = "\n".join(header_lines(r) + rejected_lines(r) + count_lines(r))
     assert "host memory (ZeRO-Offload, cluster.node.host_memory_gb)" in text
     assert "rejected, rule 'host' (host memory: ZeRO-Offload's host state" in text
-    assert r.best_rejected is not None and r.best_rejected.reasons  # the plan's reasons, whichever row it is
-    best = r.best_rejected.index
-    assert r.code[best] != CODE["host"] or r.best_rejected.reasons == plans[best]
+    # the best rejected row is this one (the closest to fitting GPU memory of those faster than the
+    # top), printed with the plan's words (docs/commands.md quotes the line)
+    assert r.best_rejected is not None and r.best_rejected.index == i and r.best_rejected.reasons == (why,)
+    assert f"best rejected: {c.label(i)}: {why}" in text
 
 
 def test_top_fits_the_host_and_a_roomy_node_rejects_none(searched):
