@@ -18,7 +18,9 @@ from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
 from meshplan.report.search import count_lines, header_lines, rejected_lines
 from meshplan.search.driver import search
+from meshplan.search.buffer_bounds import offload_staging_bytes
 from meshplan.search.host_memory import host_reasons
+from meshplan.search.memory import Tables
 from meshplan.search.space import CODE, OK, SHARDING, candidate_config
 from tests.test_search import SMALL, gpu
 
@@ -43,19 +45,20 @@ def _config(host_gb=HOST_GB):
 
 @pytest.fixture(scope="module")
 def searched():
-    """The search and build_plan's reasons (None: feasible) of every candidate that passed the validity
-    rules (the search's codes OK, memory, host, gemm)."""
+    """The search, build_plan's reasons (None: feasible) and planned peaks (bytes) of every candidate that
+    passed the validity rules (the search's codes OK, memory, host, gemm)."""
     cfg = _config()
     r = search(cfg, workers=1)
     late = np.isin(r.code, [OK, CODE["memory"], CODE["host"], CODE["gemm"]])
-    plans, cache = {}, {}
+    plans, peaks, cache = {}, {}, {}
     for i in np.flatnonzero(late).tolist():
         cc = candidate_config(cfg, r.candidates, i)
         if cc.training not in cache:
             cache[cc.training] = cons.constraints(cc.model, cc.training, cc.cluster, cc.cluster.world)
         p = build_plan(cc, cache[cc.training])
         plans[i] = None if p.feasible else p.reasons
-    return cfg, r, plans
+        peaks[i] = max(tl.peak.total_bytes for tl in p.timelines)
+    return cfg, r, plans, peaks
 
 
 def _host(reasons) -> tuple:
@@ -68,7 +71,7 @@ def test_search_rejects_for_host_memory_what_plan_rejects(searched):
     memory lower bound did not reject it first (a row over both stays ``memory``, the plan's first
     reason); and the search's words for each row (from its vectorised partition and bytes) are the
     plan's host reason, to the character, whether it fits or not."""
-    cfg, r, plans = searched
+    cfg, r, plans, _ = searched
     memory, host, gemm = CODE["memory"], CODE["host"], CODE["gemm"]
     assert len(plans) > 100 and (r.code == OK).any()
     for i, reasons in plans.items():
@@ -91,7 +94,7 @@ def test_host_rows_by_hand(searched):
     and zero2 with more than one micro-batch: DeepSpeed's bf16 gradient accumulator) = 9.84 GB, over it.
     hsdp rows (FSDP2) offload nothing. So rule ``host`` holds exactly the zero1/zero2 rows with 16 / (mb x
     dp) > 1 that GPU memory did not reject first."""
-    cfg, r, plans = searched
+    cfg, r, plans, _ = searched
     c = r.candidates
     idx = np.array(sorted(plans))
     steps = cfg.training.global_batch // (c.mb[idx] * c.dp[idx])
@@ -108,7 +111,7 @@ def test_one_candidate_by_hand(searched):
     65,536,000, final norm 2048: 245,925,888; over dp 4 61,481,472 a rank. 16 / (1 x 4) = 4 micro-batches:
     20 B an element, 1.23 GB a rank, 8 ranks 9.84 GB > 9.5 GB. The plan's reason, the search's rule, and
     the best rejected line (the plan's words) agree."""
-    cfg, r, plans = searched
+    cfg, r, plans, _ = searched
     c = r.candidates
     i = next(i for i in plans if c.label(i) == "dp 4 x tp 2, mb 1, none, vpp 1, zero2")
     assert r.est.host_numel[i] == 61_481_472 and r.est.host_per_element[i] == 20
@@ -127,7 +130,7 @@ def test_one_candidate_by_hand(searched):
 def test_top_fits_the_host_and_a_roomy_node_rejects_none(searched):
     """No row of the top is one the plan rejects for host memory; on the catalog's 2 TB the rule
     rejects nothing (8 x 61.5e6 x 20 B = 9.8 GB)."""
-    _, r, plans = searched
+    _, r, plans, _ = searched
     assert r.top and all(plans[e.index] is None for e in r.top)
     roomy = search(_config(2000.0), workers=1)
     assert roomy.counts()["host"] == 0
@@ -141,3 +144,22 @@ def test_node_without_host_memory_is_named():
         update={"node": cfg.cluster.node.model_copy(update={"host_memory_gb": None})}))
     with pytest.raises(ConfigError, match="cluster.node.host_memory_gb"):
         search(cfg, workers=1)
+
+
+def test_memory_bounds_hold_with_the_gpu_staging_buffer(searched):
+    """ZeRO-Offload at stages 1/2 keeps DeepSpeed's ``temp_grad_buffer_for_gpu_offload`` on the GPU from
+    init (memory.offload.gpu_staging_entries): the largest parameter on the rank, 16-bit. SMALL at tp 2:
+    the embedding, 32,000 x 2048 / 2 = 32,768,000 elements x 2 B = 65,536,000 B (at tp 1 131,072,000 B);
+    none on zero3 rows (stage 3) or hsdp rows (FSDP2). The search's memory bounds count it
+    (search.buffer_bounds.offload_staging_bytes; before, every zero1/zero2 row's planned peak sat up to
+    that much above its upper bound, which could admit a row plan rejects): every planned peak lies within
+    the bounds, with the search's margin."""
+    cfg, r, _, peaks = searched
+    c, m = r.candidates, cfg.search.memory_margin
+    staging = offload_staging_bytes(cfg, Tables(cfg), c)
+    zero12 = np.isin(c.sh, [SHARDING.index("zero1"), SHARDING.index("zero2")])
+    assert set(staging[zero12 & (c.tp == 2)].tolist()) == {65_536_000}
+    assert set(staging[zero12 & (c.tp == 1)].tolist()) == {131_072_000} and not staging[~zero12].any()
+    for i, peak in peaks.items():
+        assert r.est.peak_lo[i] / (1 + m) <= peak <= r.est.peak_hi[i] * (1 + m), c.label(i)
+    assert not [n for n in r.notes if "outside the memory bounds" in n]
