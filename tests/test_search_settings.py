@@ -20,9 +20,10 @@ from meshplan.config import config_from_dict
 from meshplan.plan import build_plan, table_key
 from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout
-from meshplan.search.space import FSDP_SHARDINGS, OK, SHARDING, accumulates, candidate_config, enumerate_candidates
+from meshplan.search.space import FSDP_SHARDINGS, OK, RECOMPUTE, SHARDING, accumulates, candidate_config, enumerate_candidates
 from meshplan.schedule.steptime import step_time
 from meshplan.search.memory import state
+from meshplan.search import float8_bounds
 from meshplan.search.comm_bounds import comm_times, fsdp_copies, _padded_unit
 from meshplan.search.gather_passes import gathering_passes
 from meshplan.search.time_tables import TimeTables
@@ -32,6 +33,10 @@ from test_search import MOE, SMALL, exhaustive_rows, gpu, plan_all, refused
 
 SETTINGS = {
     "fp8": ("small", {"linear_dtype": "fp8", "fp8_all_gather": True, "fp8_output_layer": True}),
+    # torch's plain TP under float8 tensorwise (fp8_tp false): the tp amax all-reduces in the bound
+    "fp8-plain-tp": ("small", {"linear_dtype": "fp8", "fp8_all_gather": True, "fp8_output_layer": True, "fp8_tp": False}),
+    # rowwise float8 under torch's plain TP: the tp all-reduces of the token and weight scales in the bound
+    "fp8-rowwise": ("small", {"linear_dtype": "fp8", "fp8_recipe": "rowwise", "fp8_output_layer": True}),
     "no_sync": ("small", {"grad_accumulation": "no_sync"}),
     "no_sync_unsharded": ("small", {"grad_accumulation": "no_sync_unsharded"}),
     "moe-no_sync_unsharded": ("moe", {"grad_accumulation": "no_sync_unsharded"}),
@@ -102,7 +107,13 @@ def test_bounds_hold_for_every_candidate(case):
 #: before the bound counted the head's gather and copy-out again before each backward at pp 1; on
 #: those pp 1 candidates with reshard_after_forward the median rose from 0.842 to 0.865:
 #: test_bound_counts_the_heads_regather pins the term exactly).
-TIGHT = {"fp8": (0.98, 0.91), "no_sync": (0.92, 0.85), "no_sync_unsharded": (0.975, 0.90),
+#: fp8-plain-tp (fp8_tp false): 0.9955, 0.957 measured with the bound counting plain TP's amax
+#: all-reduces (search.float8_bounds.plain_tp_counts; without them 0.991, 0.942; on the tp > 1
+#: candidates 0.976, 0.857 -> 0.995, 0.899).
+#: fp8-rowwise (torch's plain TP, one fp64 scale a token or a hidden unit all-reduced per cast of tp-sharded
+#: rows): 0.9970, 0.9656 measured with the bound counting those all-reduces (search.float8_bounds.rowwise_times;
+#: on the tp > 1 candidates 0.913, 0.811 without them, 0.99989, 0.981 with them).
+TIGHT = {"fp8": (0.98, 0.91), "fp8-plain-tp": (0.99, 0.95), "fp8-rowwise": (0.99, 0.96), "no_sync": (0.92, 0.85), "no_sync_unsharded": (0.975, 0.90),
          "moe-no_sync_unsharded": (0.97, 0.76), "reshard_head": (0.99, 0.89)}
 
 
@@ -335,6 +346,77 @@ def test_bound_counts_the_float8_amax_all_reduces(tp, mb, pp, was):
     bound = float(step_lower_bound(cfg, tt, sub, st, state(cfg, tt.tables, sub, st))[0])
     step = step_time(plan).step_s
     assert was * step < bound <= step and step - bound < amax
+
+
+@pytest.mark.parametrize("gather,pp,tp,mb,rc,n_f,n_b", [
+    (True, 1, 4, 2, "none", 2, 5),   # dp_shard 2: FSDP gathers the weights in float8, no weight amax
+    (False, 2, 2, 1, "full", 9, 5),  # the config's fp8_all_gather off: the 7 weights' amaxes too
+    (True, 2, 4, 1, "full", 9, 5),   # dp_shard 1: the row's float8 all-gather off (TrainingSpec.at_dp_shard)
+])
+def test_bound_counts_plain_tp_amax_all_reduces(monkeypatch, gather, pp, tp, mb, rc, n_f, n_b):
+    """SMALL in float8 tensorwise under torch's plain TP (``fp8_tp = false``, torchtitan v0.2.x's converter
+    name: tests/test_float8_tp.py): each cast of a tp-sharded DTensor all-reduces its amax over tp, per
+    layer forward wo's and w_down's inputs and, unless the row's FSDP gathers in float8, the 7 weights (2 or
+    9), backward the 5 column-parallel output gradients (compute.float8.plain_tp_amax_per_layer), and a
+    fully recomputed layer's forward's again. The bound now counts them at each row's own
+    ``fp8_all_gather`` (search.float8_bounds.plain_tp_counts), exactly the plan's calls: per micro-batch of a
+    stage's 8 / pp layers. Each pass of the bound's chain carries the layer's n_f + n_b (+ n_f replayed) x
+    t, so the bound rises by passes x 8 / pp x that, the passes being the m micro-batches at pp 1 (64 / (2 x
+    2) = 16: 16 x 8 x 7 t, the plan's whole amax time) and m + pp - 1 at pp 2 (1F1B's fill: 33 and 65 of
+    them), and stays below the step (it was 0.903, 0.852, 0.761 of it; now 0.960, 0.992, 0.968)."""
+    cfg = config({"linear_dtype": "fp8", "fp8_all_gather": gather, "fp8_tp": False, "torch_compile": True})
+    c, i = _one(cfg, pp=pp, dps=8 // tp // pp, tp=tp, sh=SHARDING.index("zero3"), mb=mb, rc=RECOMPUTE.index(rc))
+    sub = c.take([i])
+    tt = TimeTables(cfg, Tables(cfg))
+    cm = comm_times(cfg, tt, sub)
+    plan = build_plan(candidate_config(cfg, c, i))
+    rows = {r.phase: r for r in plan.stage(0).collectives if r.dtype == "fp64"}
+    t, m, layers = rows["forward"].time_s, 64 // (mb * 8 // tp // pp), 8 // pp
+    replay = n_f if rc == "full" else 0
+    assert (rows["forward"].per_step, rows["backward"].per_step) == (layers * m * n_f, layers * m * (n_b + replay))
+    assert (cm["amax_f"][0], cm["amax_b"][0]) == pytest.approx((n_f * t, n_b * t), rel=1e-12)
+    st = stage_layout(cfg, sub, pp)
+    bound = float(step_lower_bound(cfg, tt, sub, st, state(cfg, tt.tables, sub, st))[0])
+    monkeypatch.setattr(float8_bounds, "plain_tp_counts", lambda cfg, c, f, b: (f, b))  # the bound before: none
+    before = float(step_lower_bound(cfg, tt, sub, st, state(cfg, tt.tables, sub, st))[0])
+    passes = m + pp - 1
+    assert bound - before == pytest.approx(passes * layers * (n_f + n_b + replay) * t, rel=1e-9)
+    assert bound <= step_time(plan).step_s
+
+
+@pytest.mark.parametrize("pp,tp,mb,rc", [(1, 4, 2, "none"), (2, 2, 1, "full")])
+def test_bound_counts_rowwise_scale_all_reduces(monkeypatch, pp, tp, mb, rc):
+    """SMALL in rowwise float8 (``fp8_recipe = "rowwise"``: torch's plain TP, compute.float8.rowwise_tp):
+    each cast of tp-sharded rows all-reduces its scales over tp, fp64, per layer 2 forward (wo's, w_down's
+    inputs and weights) and 5 backward (the column-parallel output gradients and weights' transposed
+    casts) of each kind (compute.float8.rowwise_tp_per_layer), and a fully recomputed layer's forward's
+    again: token scales of mb x 2048 tokens x 8 B (32,768 B at mb 2, 16,384 B at mb 1), weight scales of
+    2048 hidden units x 8 B = 16,384 B (comm.tp_rows._rowwise_scale_rows). The bound now chains them
+    (search.float8_bounds.rowwise_times): each pass of a stage's 8 / pp layers carries (2 + 5 (+ 2
+    replayed)) x (t_token + t_weight), so it rises by passes x that, the passes m at pp 1 (64 / (2 x 2) =
+    16: the plan's whole scale time) and m + pp - 1 = 33 at pp 2, and stays below the step (it was 0.757,
+    0.794 of it; now 0.969, 0.993)."""
+    cfg = config({"linear_dtype": "fp8", "fp8_recipe": "rowwise", "torch_compile": True})
+    c, i = _one(cfg, pp=pp, dps=8 // tp // pp, tp=tp, sh=SHARDING.index("zero3"), mb=mb, rc=RECOMPUTE.index(rc))
+    sub = c.take([i])
+    tt = TimeTables(cfg, Tables(cfg))
+    cm = comm_times(cfg, tt, sub)
+    plan = build_plan(candidate_config(cfg, c, i))
+    rows = {("token" if "one scale a token" in r.cadence else "weight", r.phase): r
+            for r in plan.stage(0).collectives if r.dtype == "fp64"}
+    assert {k: r.size_bytes for k, r in rows.items()} == {("token", p): mb * 2048 * 8 for p in ("forward", "backward")} \
+        | {("weight", p): 2048 * 8 for p in ("forward", "backward")}
+    m, layers, replay = 64 // (mb * 8 // tp // pp), 8 // pp, 2 if rc == "full" else 0
+    assert {k: r.per_step for k, r in rows.items()} == {(w, "forward"): layers * m * 2 for w in ("token", "weight")} \
+        | {(w, "backward"): layers * m * (5 + replay) for w in ("token", "weight")}
+    both = rows["token", "forward"].time_s + rows["weight", "forward"].time_s
+    assert (cm["amax_f"][0], cm["amax_b"][0]) == pytest.approx((2 * both, 5 * both), rel=1e-12)
+    st = stage_layout(cfg, sub, pp)
+    bound = float(step_lower_bound(cfg, tt, sub, st, state(cfg, tt.tables, sub, st))[0])
+    monkeypatch.setattr(float8_bounds, "rowwise_times", lambda *a: (0.0, 0.0))  # the bound before: none
+    before = float(step_lower_bound(cfg, tt, sub, st, state(cfg, tt.tables, sub, st))[0])
+    assert bound - before == pytest.approx((m + pp - 1) * layers * (2 + 5 + replay) * both, rel=1e-9)
+    assert bound <= step_time(plan).step_s
 
 
 @pytest.mark.parametrize("mb,rc", [(1, "selective"), (2, "full")])

@@ -191,6 +191,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     candidate fits, 1 when none does (then one line instead of the table names the rules that rejected the
     most candidates, their counts, and a fix; where [search] cp is narrowed and memory rejected some, the fix
     first names the fastest row the same search finds with every cp, searched for it after the search).
+    Under DeepSpeed ZeRO-Offload (training.offload_optimizer = "cpu") a mesh whose node's ranks need more
+    host memory than cluster.node.host_memory_gb is rejected, rule 'host', as plan rejects it.
 
     Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
     (op-level "op" under framework torch, tp = cp = 1; Megatron's "selective" under torchtitan only

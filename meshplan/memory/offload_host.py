@@ -5,8 +5,6 @@ node, and the plan's reason when a node's ranks need more than its CPU memory
 
 from __future__ import annotations
 
-from math import ceil
-
 from meshplan.errors import ConfigError
 from meshplan.memory.offload import host_bytes_per_element, offloads
 from meshplan.memory.state import SHARD_AXIS, StateBytes, state_bytes
@@ -15,18 +13,65 @@ from meshplan.spec.cluster import NodeSpec
 from meshplan.spec.training import TrainingSpec
 
 
+def partition_numel(counts, degrees):
+    """Elements of a rank's optimizer partition from each group's elements ``counts`` and its
+    sharding degree ``degrees`` (pairwise): ``ceil(n / d)`` summed. Python ints for one mesh
+    (:func:`partition_elements`) or numpy int arrays broadcast over the search's candidates
+    (:func:`meshplan.search.memory.host_state`): the one formula of both.
+
+    >>> partition_numel([13_088, 0], [4, 1]), partition_numel([10, 7], [4, 2])
+    (3272, 7)
+    """
+    return sum(-(-n // d) for n, d in zip(counts, degrees))
+
+
 def partition_elements(state: StateBytes, mesh: Mesh) -> int:
     """Elements of the rank's optimizer partition: each group's parameters over its sharding axis
     (``ceil(n / fsdp)`` dense, ``ceil(n / efsdp)`` expert; :data:`~meshplan.memory.state.SHARD_AXIS`),
-    the partition every ZeRO stage gives each rank's optimizer."""
-    return sum(ceil(state.params.count(g) / mesh.degree(axis)) for g, axis in SHARD_AXIS.items()
-               if state.params.count(g))
+    the partition every ZeRO stage gives each rank's optimizer (:func:`partition_numel`)."""
+    groups = [g for g in SHARD_AXIS if state.params.count(g)]
+    return partition_numel([state.params.count(g) for g in groups], [mesh.degree(SHARD_AXIS[g]) for g in groups])
 
 
 def host_bytes(state: StateBytes, mesh: Mesh, training: TrainingSpec, accum_steps: int) -> int:
     """Host bytes one rank of ``state``'s stage keeps: its partition x
     :func:`~meshplan.memory.offload.host_bytes_per_element` (0 without offload)."""
     return partition_elements(state, mesh) * host_bytes_per_element(training, accum_steps)
+
+
+def node_need_bytes(partition, per_element, node: NodeSpec):
+    """Host bytes a node's ranks need (B): one rank's ``partition`` elements x ``per_element`` bytes
+    (:func:`~meshplan.memory.offload.host_bytes_per_element`) x the node's GPUs, every rank of the node
+    on the most loaded stage (exact at pp 1, DeepSpeed's case). Ints, or numpy arrays over the search's
+    candidates (:func:`meshplan.search.memory.host_state`).
+
+    >>> from meshplan.catalog import node
+    >>> node_need_bytes(2_204_803_328, 18, node("dgx-a100-40gb")) / 1e9  # 70B over 32 ranks, ZeRO-3
+    317.491679232
+    """
+    return partition * per_element * node.gpus
+
+
+def node_host_bytes(node: NodeSpec) -> float:
+    """The node's host memory, bytes (``host_memory_gb`` x 1e9, its datasheet's); ConfigError when
+    the node states none (unknown hardware is never a default)."""
+    if node.host_memory_gb is None:
+        raise ConfigError("cluster.node.host_memory_gb", f"node {node.name!r} states no host memory, which "
+                          "offload_optimizer = \"cpu\" fills; write the node inline in [cluster] with host_memory_gb = its CPU "
+                          "memory in GB, from its datasheet (docs/input.md)")
+    return node.host_memory_gb * 1e9
+
+
+def host_reason(partition: int, per_element: int, node: NodeSpec) -> tuple[str, ...]:
+    """The one-line reason when a node's ranks, one rank's ``partition`` elements at ``per_element``
+    bytes each (:func:`node_need_bytes`), need more host memory than the node's
+    (:func:`node_host_bytes`); () when they fit. The plan's (:func:`host_memory_reasons`) and the
+    search's words for one candidate (:func:`meshplan.search.memory.host_reasons`)."""
+    need, have = node_need_bytes(partition, per_element, node), node_host_bytes(node)
+    if need <= have:
+        return ()
+    return (f"host memory: {_words(partition, per_element, node)} > the node's {_gb(have)} GB "
+            f"(cluster.node.host_memory_gb); shard over more ranks (more nodes) or set offload_optimizer = \"none\"",)
 
 
 def host_memory_reasons(states, mesh: Mesh, training: TrainingSpec, node: NodeSpec, accum_steps: int) -> tuple[str, ...]:
@@ -39,15 +84,7 @@ def host_memory_reasons(states, mesh: Mesh, training: TrainingSpec, node: NodeSp
     8 a node 317 GB: fits a DGX A100's 1 TB."""
     if not offloads(training) or not states:
         return ()
-    if node.host_memory_gb is None:
-        raise ConfigError("cluster.node.host_memory_gb", f"node {node.name!r} states no host memory, which "
-                          "offload_optimizer = \"cpu\" fills; write the node inline in [cluster] with host_memory_gb = its CPU "
-                          "memory in GB, from its datasheet (docs/input.md)")
-    need, have, words = _node_need(states, mesh, training, node, accum_steps)
-    if need <= have:
-        return ()
-    return (f"host memory: {words} > the node's {have / 1e9:.0f} GB (cluster.node.host_memory_gb); shard over more "
-            f"ranks (more nodes) or set offload_optimizer = \"none\"",)
+    return host_reason(_top_partition(states, mesh), host_bytes_per_element(training, accum_steps), node)
 
 
 def host_memory_note(states, mesh: Mesh, training: TrainingSpec, node: NodeSpec, accum_steps: int) -> tuple[str, ...]:
@@ -55,20 +92,34 @@ def host_memory_note(states, mesh: Mesh, training: TrainingSpec, node: NodeSpec,
     keep there, of how much); () without offload or when it does not fit (the reason says it)."""
     if not offloads(training) or not states or node.host_memory_gb is None:
         return ()
-    need, have, words = _node_need(states, mesh, training, node, accum_steps)
-    return () if need > have else (f"ZeRO-Offload host memory: {words} of the node's {have / 1e9:.0f} GB "
-                                   "(pinned: fp32 master, Adam moments and gradients, a 16-bit staging partition)",)
+    partition, per = _top_partition(states, mesh), host_bytes_per_element(training, accum_steps)
+    have = node_host_bytes(node)
+    return () if node_need_bytes(partition, per, node) > have else (
+        f"ZeRO-Offload host memory: {_words(partition, per, node)} of the node's {_gb(have)} GB "
+        "(pinned: fp32 master, Adam moments and gradients, a 16-bit staging partition)",)
 
 
-def _node_need(states, mesh: Mesh, training: TrainingSpec, node: NodeSpec, accum_steps: int) -> tuple[float, float, str]:
-    """(host bytes a node's ranks need, the node's, the arithmetic in words): the most loaded stage's
-    rank x the node's GPUs."""
-    top = max(states, key=lambda s: host_bytes(s, mesh, training, accum_steps))
-    rank = host_bytes(top, mesh, training, accum_steps)
-    need = rank * node.gpus
-    return need, (node.host_memory_gb or 0.0) * 1e9, (
-        f"{node.gpus} ranks x {rank / 1e9:.1f} GB ({partition_elements(top, mesh):,} params x "
-        f"{host_bytes_per_element(training, accum_steps)} B) = {need / 1e9:.1f} GB")
+def _top_partition(states, mesh: Mesh) -> int:
+    """The partition elements of the most loaded stage's rank (the host bytes per element are the
+    same on every stage)."""
+    return max(partition_elements(s, mesh) for s in states)
+
+
+def _gb(size_bytes: float) -> str:
+    """The node's host memory in GB as its datasheet (and ``host_memory_gb``) gives it, to 0.01 GB,
+    no trailing zeros: a 9.5 GB node is not printed as 10 GB beside a 9.8 GB need.
+
+    >>> _gb(1000e9), _gb(9.5e9), _gb(9.25e9)
+    ('1000', '9.5', '9.25')
+    """
+    return f"{size_bytes / 1e9:.2f}".rstrip("0").rstrip(".")
+
+
+def _words(partition: int, per_element: int, node: NodeSpec) -> str:
+    """The node's need in words: ``8 ranks x 39.7 GB (2,204,803,328 params x 18 B) = 317.5 GB``."""
+    rank = partition * per_element
+    return (f"{node.gpus} ranks x {rank / 1e9:.1f} GB ({partition:,} params x {per_element} B) = "
+            f"{node_need_bytes(partition, per_element, node) / 1e9:.1f} GB")
 
 
 def saved_states(states, model, mesh: Mesh, training: TrainingSpec, stages) -> tuple:

@@ -45,10 +45,11 @@ from meshplan.search.explain import relative
 from meshplan.search.rank import RULE_LINE, mesh_of, variant_label
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import LAYER_AC_FREQ, RECOMPUTE, SHARDING, axis_shown, candidate_schedule, reshard_word
-from meshplan.search.reasons import REASONS
+from meshplan.search.reasons import LATE_RULES, REASONS
 from meshplan.search.space import overlap_searched
 from meshplan.search.space_recompute import layer_for_op
 from meshplan.memory.constraints import usable_bytes
+from meshplan.memory.offload import offloads
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
@@ -160,7 +161,8 @@ def header_lines(r: SearchResult) -> list[str]:
             "(layers + 2) / (pp x vpp) is whole)"
             + "".join(f", pipeline schedule {x} (pp > 1, vpp 2)" for x in o.pp_schedules if x != "1f1b")
             + ("" if "1f1b" in o.pp_schedules else "; pp > 1 only under those"),
-            f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 3} validity rules, memory bounds, "
+            f"{len(r.candidates):,} candidates: {len(REASONS) - LATE_RULES} validity rules, memory bounds, "
+            + ("host memory (ZeRO-Offload, cluster.node.host_memory_gb), " if offloads(t) else "") +
             f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time; "
             f"memory timelines for {sum(e.complete for e in r.exact.values())} of them)"] + \
         ([] if overlap_searched(t) or o.tp == [1] else [
@@ -379,7 +381,7 @@ def rejected_lines(r: SearchResult) -> list[str]:
     """The best rejected candidate and why."""
     b = r.best_rejected
     if b is None:
-        return ["best rejected: none rejected for memory or GEMM efficiency"]
+        return ["best rejected: none rejected for memory, host memory or GEMM efficiency"]
     why = "; ".join(b.reasons) if b.reasons else (
         f"local GEMM efficiency {r.est.gemm[b.index]:.1%} < threshold {r.config.search.min_gemm_efficiency:.0%}")
     out = [f"best rejected: {r.candidates.label(b.index)}: {why}"]

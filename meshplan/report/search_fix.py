@@ -32,6 +32,8 @@ _FIXES = {
               "144, 160; not 1) or set training.moe_dispatcher = \"alltoall\"",
     "memory": "add nodes, or let [search] reach less memory (recompute full, sharding zero3, micro_batch 1, larger "
               "tp/pp/cp)",
+    "host": "add nodes (a rank's host partition is its parameters over the data axis, so more ranks keep less each), "
+            "write the node's real cluster.node.host_memory_gb, or set training.offload_optimizer = \"none\"",
     "block": "none: block recompute is tried beside none and full; set [search] recompute without block to leave it out",
     "batch": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp",
     "1f1b": "raise training.global_batch (more micro-batches per step) or narrow search.pp",

@@ -69,7 +69,7 @@ Progress = Callable[[str, int, int], None]
 #: How a candidate's memory verdict was reached (``SearchResult.decided``; 0: not yet): a validity rule, the
 #: vectorised bounds, an exact plan.
 RULE, BOUND, PLAN = 1, 2, 3
-MEMORY, GEMM, BLOCK = CODE["memory"], CODE["gemm"], CODE["block"]
+MEMORY, GEMM, BLOCK, HOST = CODE["memory"], CODE["gemm"], CODE["block"], CODE["host"]
 
 
 class Runner:
@@ -109,7 +109,7 @@ class Runner:
                 continue
             if not r.feasible:
                 self.code[r.index] = BLOCK if r.reasons[:1] == (BLOCK_REFUSED,) else \
-                    MEMORY if _memory_reason(r.reasons) else CODE["layers"]
+                    MEMORY if _memory_reason(r.reasons) else HOST if _host_reason(r.reasons) else CODE["layers"]
             self.decided[r.index] = PLAN
         return res
 
@@ -135,6 +135,12 @@ def _short_of(e: Exact, mode: str) -> bool:
 
 def _memory_reason(reasons) -> bool:
     return any("usable" in r for r in reasons)
+
+
+def _host_reason(reasons) -> bool:
+    """ZeRO-Offload's host memory over the node's (:func:`meshplan.memory.offload_host.host_reason`'s
+    words; the search's rule ``host`` rejects such rows before any plan, this is the backstop)."""
+    return any(r.startswith("host memory: ") for r in reasons)
 
 
 def threshold_applies(above_ok: np.ndarray, decided: np.ndarray, est: Estimates, run: Runner) -> bool:
@@ -291,12 +297,12 @@ def _prefix(c: Candidates, order: list[int], top: int) -> list[int]:
 
 
 def best_rejected(c: Candidates, code: np.ndarray, est: Estimates, run: Runner, top: list[Exact]) -> Optional[Exact]:
-    """The rejected candidate (memory or GEMM efficiency) most worth keeping as evidence:
-    among those whose step-time bound beats the winner's step time, the one closest to
-    fitting (smallest peak lower bound); if none would beat it, the one with the smallest
-    step-time bound. Planned and simulated exactly."""
+    """The rejected candidate (GPU memory, host memory under ZeRO-Offload, or GEMM efficiency) most
+    worth keeping as evidence: among those whose step-time bound beats the winner's step time, the
+    one closest to fitting (smallest peak lower bound); if none would beat it, the one with the
+    smallest step-time bound. Planned and simulated exactly (its reasons the plan's)."""
     # not a block row: its n is picked where it fits (search.block_recompute); rejected, full's row is the evidence
-    rejected = ((code == MEMORY) | (code == GEMM)) & np.isfinite(est.step_lo) & (c.rc != RECOMPUTE.index("block"))
+    rejected = np.isin(code, (MEMORY, HOST, GEMM)) & np.isfinite(est.step_lo) & (c.rc != RECOMPUTE.index("block"))
     if not rejected.any():
         return None
     faster = rejected & (est.step_lo < (top[0].step_s if top else np.inf))

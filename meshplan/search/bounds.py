@@ -68,7 +68,7 @@ from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.gather_passes import chunks_held
 from meshplan.search.layer_replays import block_rows, kept_in_flight, kept_layers
-from meshplan.search.buffer_bounds import bucket_bytes, hpz_bytes, ipg_bytes, userbuffers_bytes
+from meshplan.search.buffer_bounds import bucket_bytes, hpz_bytes, ipg_bytes, offload_staging_bytes, userbuffers_bytes
 from meshplan.search.memory import Stages, Tables, comm_axes, deepep_bytes, lookup, split
 from meshplan.search.candidate import accumulates
 from meshplan.search.columns import LAYER_AC_FREQ, SHARDING, Candidates, bound_recompute
@@ -108,7 +108,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict,
     lo["kept"] = np.maximum(kept - lo["saved"], 0)
     hi = {f: pick(*by["hi"][f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
     fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(ipg_bytes(cfg, c)) + deepep_bytes(cfg, c, st) \
-        + hpz_bytes(cfg, c, s) + col(userbuffers_bytes(cfg, c))
+        + hpz_bytes(cfg, c, s) + col(userbuffers_bytes(cfg, c)) + col(offload_staging_bytes(cfg, tables, c))
     opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
     at_step = s["total"] + fixed + opt_temp
     # a unit without FSDP-sharded dense parameters never allocates its share of the dense

@@ -1,7 +1,8 @@
 """The buffers a rank holds whatever the step does, per search candidate (bytes, numpy arrays over
 the candidates of :class:`meshplan.search.columns.Candidates`, and over their stages where a stage's
 parameters set them): DeepSpeed ZeRO-3's ipg buffer (:func:`ipg_bytes`), ZeRO++ hpZ's secondary
-parameter partition (:func:`hpz_bytes`), Transformer Engine's userbuffers (:func:`userbuffers_bytes`) and the gradient bucket of the stages without FSDP
+parameter partition (:func:`hpz_bytes`), Transformer Engine's userbuffers (:func:`userbuffers_bytes`), ZeRO-Offload's
+GPU gradient staging buffer (:func:`offload_staging_bytes`) and the gradient bucket of the stages without FSDP
 (:func:`bucket_bytes`), each as :mod:`meshplan.memory.buffers` sizes it for a plan. Read by the
 search's memory bounds (:func:`meshplan.search.bounds.bounds`); split from that module (review rv48:
 past the project's 400 lines).
@@ -13,6 +14,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.memory.buffers import deepspeed3_ipg_bytes
+from meshplan.memory.offload import gpu_staging_entries
 from meshplan.memory.userbuffers import allocated, ub_bytes
 from meshplan.search.candidate import sharding_training
 from meshplan.search.columns import SHARDING, Candidates
@@ -40,6 +42,24 @@ def userbuffers_bytes(cfg: Config, c: Candidates) -> np.ndarray:
         return np.zeros(len(c.tp), dtype=np.int64)
     on = (c.tp > 1) & (np.asarray(c.ov) > 0)
     return np.where(on, ub_bytes(t.seq_len, c.mb, c.cp, cfg.model.hidden, t.linear_dtype == "fp8"), 0)
+
+
+def offload_staging_bytes(cfg: Config, tables, c: Candidates) -> np.ndarray:
+    """DeepSpeed ZeRO-Offload's GPU gradient staging buffer at stages 1/2 (``temp_grad_buffer_for_gpu_offload``:
+    the largest parameter on the rank, 16-bit), bytes per candidate, held from init
+    (:func:`meshplan.memory.offload.gpu_staging_entries`, the plan's init entry, once per distinct row
+    sharding and (tp, ep, etp); ``tables``: :class:`~meshplan.search.memory.Tables`, its meshes): on the
+    zero1/zero2 rows a config with ``offload_optimizer = "cpu"`` runs under DeepSpeed's ZeRO-1/2, 0
+    elsewhere. Llama-3-8B at tp 1: the embedding, 128,256 x 4,096 x 2 B = 1.05 GB."""
+    out = np.zeros(len(c.tp), dtype=np.int64)
+    if cfg.training.offload_optimizer == "none":
+        return out
+    for k, name in enumerate(SHARDING):
+        t, rows = sharding_training(cfg.training, name), c.sh == k
+        for tp, ep, etp in sorted(set(zip(c.tp[rows].tolist(), c.ep[rows].tolist(), c.etp[rows].tolist()))):
+            entry = gpu_staging_entries(cfg.model, t, tables.mesh(tp, 1, ep, etp))
+            out[rows & (c.tp == tp) & (c.ep == ep) & (c.etp == etp)] = entry[0][2] if entry else 0
+    return out
 
 
 def hpz_bytes(cfg: Config, c: Candidates, s: dict) -> np.ndarray:

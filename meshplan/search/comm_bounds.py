@@ -12,17 +12,15 @@ import numpy as np
 
 from meshplan.comm import deepep, fsdp2
 from meshplan.comm.pp_rows import boundary_seconds
-from meshplan.comm.tp_rows import FLOAT8_AMAX_BYTES
-from meshplan.compute import float8
-from meshplan.compute.dtensor_sp import float8_tp, fp8_tp_gathers
+from meshplan.compute.dtensor_sp import fp8_tp_gathers
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.measured import KernelData
-from meshplan.compute.ops import float8_gemms
 from meshplan.compute.routing import RoutingOptions, a2a_rows, routed_tokens
 from meshplan.config import Config
 from meshplan.mesh.tpsplit import expert_shard_dim, experts_apart_degrees, local_heads, padded_numel
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.search.memory import Tables, lookup, split
+from meshplan.search.float8_bounds import amax_times
 from meshplan.search.space import SHARDING, Candidates
 from meshplan.search.time_tables import TimeTables, coll_nic_s, coll_times
 from meshplan.spec.axes.base import Dim
@@ -153,25 +151,19 @@ def _cp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarra
 def _tp_qkv_amax_times(cfg: Config, tt: TimeTables, c: Candidates, seq: np.ndarray) -> dict[str, np.ndarray]:
     """tp's other blocking collectives of :func:`comm_times` per layer, seconds per candidate:
     Megatron-LM's fused QKV output all-gather and gradient reduce-scatter at tp > kv_heads
-    (``tp_qkv_ag``, ``tp_qkv_rs``, per call) and the float8 amax all-reduces of a dense layer
-    under torchao's float8 TP (``amax_f``, ``amax_b``: all of a layer's forward, backward)."""
+    (``tp_qkv_ag``, ``tp_qkv_rs``, per call) and the amax (scale) all-reduces of a dense layer's
+    float8 Linears under TP (``amax_f``, ``amax_b``: all of a layer's forward, backward;
+    :func:`meshplan.search.float8_bounds.amax_times`)."""
     m, t = cfg.model, cfg.training
     cd = dtype_bytes(t.compute_dtype)
-    sp, one = c.tp > 1, np.ones_like(c.tp)
-    f8 = float8_tp(m, t)
+    one = np.ones_like(c.tp)
     # framework megatron at tp > kv_heads: the fused QKV output's all-gather (forward) and its
     # gradient's reduce-scatter (backward), blocking, once per layer (tp_rows.qkv_gather_rows)
     qkv = qkv_gathered(t.framework, c.tp, m.n_kv_heads) & (not m.is_mla)
     qkv_b = qkv_gather_numel(m, c.mb, t.seq_len, seq) * cd
     out = {"tp_qkv_ag": np.where(qkv, coll_times(tt, "all-gather", c.tp, qkv_b, one), 0.0),
            "tp_qkv_rs": np.where(qkv, coll_times(tt, "reduce-scatter", c.tp, qkv_b, one), 0.0)}
-    # the tp all-reduces of the float8 amaxes of a dense layer under torchao's float8 TP, blocking
-    # (tp_rows._float8_amax_rows); forward counted as with fp8_all_gather (the fewer: 4 for
-    # Llama against 11), as the candidates without FSDP plan it off
-    names = float8_gemms(m, t).get("float8_gemms", frozenset()) if float8_tp(m, t) else frozenset()
-    n_f, n_b = float8.tp_amax_per_layer(names, True)
-    amax = np.where(sp, coll_times(tt, "all-reduce", c.tp, one * FLOAT8_AMAX_BYTES, one), 0.0)
-    out.update(amax_f=n_f * amax, amax_b=n_b * amax)
+    out.update(amax_times(cfg, tt, c, seq))  # the float8 casts' tp all-reduces (search.float8_bounds)
     return out
 
 

@@ -164,7 +164,7 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
         return _as_given(cfg, c, code, step_lo, exact, words, i, workers, top if proven else [])
     texts = reason_texts(cfg.training)
     k = int(code[i])
-    if k >= 0 and REASONS[k][0] not in ("memory", "gemm"):
+    if k >= 0 and REASONS[k][0] not in ("memory", "host", "gemm"):  # those planned: the plan's own reasons
         return Configured(words, "infeasible", f"rule '{REASONS[k][0]}': {texts[REASONS[k][0]]}", index=i)
     planner = Planner(cfg, c)
     e = exact.get(i)

@@ -14,7 +14,10 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    bound on the step time, the efficiency of the local GEMMs, all as numpy arrays.
 3. **Memory**: a lower bound above usable memory rejects, an upper bound within it keeps;
    a candidate in between ("near the memory limit") is planned exactly
-   (:func:`meshplan.plan.build_plan`).
+   (:func:`meshplan.plan.build_plan`). Under DeepSpeed ZeRO-Offload (``training.offload_optimizer =
+   "cpu"``) the host memory too: a candidate the lower bound left whose node's ranks need more host
+   memory than ``cluster.node.host_memory_gb`` is rejected (rule ``host``: the plan's verdict, exact,
+   :mod:`meshplan.search.host_memory`).
 4. **GEMM threshold**: a candidate whose local GEMMs run below ``min_gemm_efficiency`` is
    rejected, unless no candidate at or above it fits: then the capacity constraint
    requires the narrow GEMMs and the below-threshold candidates are kept (and the result
@@ -80,6 +83,7 @@ from meshplan.search.columns import RECOMPUTE, SHARDING, Candidates
 from meshplan.search.configured import Configured, configured
 from meshplan.search.estimate import Estimates, estimate, refine
 from meshplan.search.exact import PLAN_ONLY, Exact, Planner, Pool
+from meshplan.search.host_memory import host_over
 from meshplan.search.explain import SPLIT_PARTS, Explanation, explain
 from meshplan.search.memory import Tables
 from meshplan.search.rank import decide
@@ -217,14 +221,20 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
 def _memory_bounds(cfg: Config, c: Candidates, code: np.ndarray, decided: np.ndarray, est, usable: float,
                    margin: float) -> tuple:
     """(the candidates no rule rejected, those of them whose peak's lower bound exceeds the usable
-    memory by more than ``margin``). Those are rejected for memory by the bound, and a candidate
+    memory by more than ``margin``, or whose node's ranks need more host memory than the node's
+    under ZeRO-Offload). Those are rejected for memory by the bound (rule ``memory``; a row over
+    both is the bound's, as the plan lists the GPU's reason first) or for host memory (rule ``host``,
+    exact: :func:`~meshplan.search.host_memory.host_over`, decided by that rule), and a candidate
     whose peak's upper bound fits with the margin is decided by the bound too (``code`` and
     ``decided`` updated in place; the rest need an exact plan)."""
     tiers, frac = cfg.search.headroom_tier, cfg.memory.fragmentation_fraction
     valid = code == OK
     over = valid & (est.peak_lo > usable * (1 + margin))
     code[over], decided[over] = MEMORY, BOUND
-    fits = valid & (est.peak_hi * (1 + margin) <= usable)
+    host = valid & ~over & host_over(cfg, est.host_numel, est.host_per_element)
+    code[host], decided[host] = HOST, RULE
+    over |= host
+    fits = valid & ~host & (est.peak_hi * (1 + margin) <= usable)
     decided[fits] = BOUND
     # a block row's upper bound holds at n 0 (none's fields, search.block_recompute): where it fits
     # (clear of the headroom where the tiers ask for it) none does, and the row adds nothing (rule block)
@@ -268,7 +278,7 @@ def _settle(o, code: np.ndarray, decided: np.ndarray, est, run, notes: list[str]
                      "top); counted as undecided")
 
 
-BLOCK = CODE["block"]
+BLOCK, HOST = CODE["block"], CODE["host"]
 
 
 class _Clock:

@@ -9,7 +9,7 @@ the same for the ranking (:mod:`meshplan.search.best_first`), the tests and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -20,6 +20,7 @@ from meshplan.search.block_bounds import least_block
 from meshplan.search.bounds import bounds
 from meshplan.search.comm_bounds import p2p_links_apart
 from meshplan.search.columns import Candidates, candidate_schedule
+from meshplan.search.host_memory import host_state
 from meshplan.search.layer_bounds import unit_bounds
 from meshplan.search.layer_chains import gemm_efficiency
 from meshplan.search.memory import Tables, stage_layout, state
@@ -31,12 +32,17 @@ from meshplan.search.timing import step_lower_bound
 
 @dataclass
 class Estimates:
-    """Vectorised numbers per candidate (NaN where a rule already rejected it)."""
+    """Vectorised numbers per candidate (NaN where a rule already rejected it); ``host_numel``,
+    ``host_per_element``: ZeRO-Offload's host partition of the most loaded stage's rank (elements)
+    and its host bytes per element (:func:`meshplan.search.host_memory.host_state`; 0 where a rule
+    already rejected the row or it offloads nothing)."""
 
     peak_lo: np.ndarray
     peak_hi: np.ndarray
     step_lo: np.ndarray
     gemm: np.ndarray
+    host_numel: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    host_per_element: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray, tt: Optional[TimeTables] = None) -> None:
@@ -75,7 +81,8 @@ def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTabl
     (:attr:`~meshplan.search.columns.Candidates.rm`, in place; :func:`~meshplan.search.block_bounds.least_block`),
     which their step bound counts replays of."""
     n = len(c)
-    est = Estimates(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
+    est = Estimates(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan),
+                    np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
     ok = np.flatnonzero(code == OK)
     if not len(ok):
         return est
@@ -93,4 +100,6 @@ def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTabl
         lo, hi = bounds(cfg, tables, g, st, s)
         est.peak_lo[ok[idx]], est.peak_hi[ok[idx]] = lo.max(axis=1), hi.max(axis=1)
         est.step_lo[ok[idx]] = step_lower_bound(cfg, tt, g, st, s)
+        est.host_numel[ok[idx]], est.host_per_element[ok[idx]] = host_state(
+            cfg, g, cfg.training.global_batch // (g.mb * g.dp), s)  # ZeRO-Offload's host share (rule host)
     return est

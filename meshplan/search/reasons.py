@@ -86,8 +86,14 @@ _SCHEDULE_REASONS = (
     ("v-reshard", V_RESHARD_REFUSED),
     ("deepep", DEEPEP_REFUSED),
 )
+#: The ``host`` rule under ``training.offload_optimizer = "cpu"`` (DeepSpeed ZeRO-Offload): the plan's
+#: host-memory reason (:func:`meshplan.memory.offload_host.host_memory_reasons`), over every candidate at
+#: once (:mod:`meshplan.search.host_memory`); a row the memory lower bound rejects first stays ``memory``.
+HOST_REFUSED = ("host memory: ZeRO-Offload's host state of a node's ranks (fp32 master, Adam moments, fp32 gradients "
+                "and a 16-bit staging partition, 18-20 B a partition element) > cluster.node.host_memory_gb")
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
+    ("host", HOST_REFUSED),
     ("gemm", "local GEMM efficiency below the threshold"),
     ("block", BLOCK_REFUSED.split(": ", 1)[1]),  # last: the others' codes kept
 )
@@ -146,6 +152,8 @@ def engine_texts(training) -> dict[str, str]:
 
 #: :func:`reason_table` of the registered axes.
 REASONS = reason_table()
+#: How many of :data:`REASONS` are decided after the validity rules (memory, host, gemm, block).
+LATE_RULES = len(_LATE_REASONS)
 OK = -1
 #: Code of a candidate near the memory limit left unplanned (beyond ``[search] settle_max``).
 UNDECIDED = -2
