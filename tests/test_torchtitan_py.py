@@ -149,6 +149,27 @@ def test_statements_that_depend_on_a_run_and_mixed_names_are_refused(tmp_path):
     assert line.startswith("training.seq_len: torchtitan 9810191's name beside b5bcd76's training.max_context_length")
 
 
+def test_a_base_function_of_another_file_is_named(tmp_path):
+    """torchtitan_recipes (b5bcd76 torchtitan_recipes/tests/h100.py 9-26) builds on functions it imports:
+    ``config = llama3_debugmodel()`` of torchtitan.models.llama3.config_registry, then ``config.a.b = ...``.
+    meshplan reads one file: the line names the function, its module and the two ways out."""
+    body = ("from torchtitan.models.llama3.config_registry import llama3_debugmodel\n\n"
+            "def tp2():\n    config = llama3_debugmodel()\n    config.parallelism.tensor_parallel_degree = 2\n"
+            "    return config\n")
+    line = _error(_registry(tmp_path, body))
+    assert line.endswith("line 10: tp2() builds on llama3_debugmodel() of torchtitan.models.llama3.config_registry, "
+                         f"which meshplan does not read from {tmp_path / 'llama3' / 'config_registry.py'}: import "
+                         "that file with --config llama3_debugmodel, or write the job's Trainer.Config(...) in this one")
+
+
+def test_float8_tp_is_noted_for_9810191s_names():
+    """llama3_8b_tp2 (float8, tp 2, tensorwise): planned with float8 TP as 9810191 runs it; the note names
+    1786292 (#2963), after which torchtitan has no float8 TP."""
+    imp = _read(REGISTRY, "llama3_8b_tp2", cluster="dgx-h100", nodes=2)
+    assert "fp8_tp" not in imp.tables["training"]
+    assert any(n.startswith("float8 TP planned on") and "1786292" in n for n in imp.notes)
+
+
 def test_cli_import_and_step_of_a_registry(tmp_path, capsys):
     """``import torchtitan FILE --config NAME`` writes the TOML (no [source]: nothing of the .py is
     carried), ``import auto`` detects it, ``step`` plans it; --config on a job TOML is refused."""

@@ -164,6 +164,9 @@ class _Reader:
                             f"config.a.b = <literal>, or give the job's values in a function of literals")
         raise self.fail(fn, f"{name}() returns nothing meshplan can read; end it with return Trainer.Config(...)")
 
+    def _origin(self, name: str) -> str:
+        return _origin_text(self.module, name)
+
     def _returned(self, fn: ast.FunctionDef, node: ast.AST, env: dict, sets: list, depth: int) -> Built:
         """The returned tree: a call read directly, or the function another builds on."""
         base = env.get(node.id, node) if isinstance(node, ast.Name) else node
@@ -172,6 +175,14 @@ class _Reader:
             tree = self.function(called, depth + 1)
         else:
             tree = self.value(base, env)
+        if isinstance(tree, Built) and called and called not in self.functions and not called.endswith("Config") \
+                and isinstance(node, ast.Name):
+            # a base function of another file (torchtitan_recipes: from torchtitan.models.llama3.config_registry
+            # import llama3_debugmodel; b5bcd76 torchtitan_recipes/tests/h100.py 9-17)
+            where = self._origin(called.split(".")[0])
+            raise self.fail(node, f"{fn.name}() builds on {called}(){where}, which meshplan does not read from "
+                            f"{self.path}: import that file with --config {called.split('.')[-1]}, or write the "
+                            f"job's Trainer.Config(...) in this one")
         if not isinstance(tree, Built):
             raise self.fail(node, f"{fn.name}() returns {ast.unparse(node)[:60]!r}, not a Trainer.Config(...) call")
         root = node.id if isinstance(node, ast.Name) else None
@@ -180,6 +191,14 @@ class _Reader:
                 continue  # a helper object's attribute: not part of the returned config
             _assign(tree, keys, self.value(value, env), f"{self.path} line {stmt.lineno}")
         return tree
+
+
+def _origin_text(module: ast.Module, name: str) -> str:
+    """`` of <module>`` for a name the file imports, else ``""``."""
+    for node in module.body:
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            return f" of {'.' * node.level}{node.module or ''}"
+    return ""
 
 
 def _number(v: Any) -> bool:
@@ -231,7 +250,5 @@ def function_tree(text: str, path: str, name: str | None) -> tuple[str, Built]:
 def imported_from(text: str, path: str, name: str) -> str | None:
     """The module ``name`` is imported from (``from . import model_registry``: ``"."``), None
     when the file does not import it."""
-    for node in _Reader(text, path).module.body:
-        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
-            return "." * node.level + (node.module or "")
-    return None
+    where = _origin_text(_Reader(text, path).module, name)
+    return where[len(" of "):] if where else None

@@ -343,7 +343,12 @@ def read_py(text: str, path: Path, opts: ImportOptions) -> Imported:
             raise
         raise type(e)(renamed, e.message) from None
     notes.append(f"planned as torchtitan {revision} runs it (training.op_sac_policy = \"{revision}\")")
-    if imp.tables["training"].get("fp8_tp") is False and revision == "b5bcd76":
+    t, tp = imp.tables["training"], d.get("parallelism", {}).get("tensor_parallel_degree", 1)
+    if revision == "238fa99" and t.get("linear_dtype") == "fp8" and t.get("fp8_tp", True) and tp != 1:
+        notes.append("float8 TP planned on, as 9810191 applies it to any Float8LinearConverter (models/llama3/"
+                     "parallelize.py:90-100); a torchtitan from 1786292 (#2963) on has none: set [training] fp8_tp = "
+                     "false in the imported TOML for it")
+    if t.get("fp8_tp") is False and revision == "b5bcd76":
         notes.append("float8 TP off: torchtitan b5bcd76 has no float8 tensor parallel (no Float8ColwiseParallel): the "
                      "tp all-gathers move the compute dtype (training.fp8_tp = false)")
     # the TOML reader's notes on v0.2.2's converter names, which a Python config does not use
