@@ -195,3 +195,19 @@ def test_torchtitans_config_dump_is_refused_naming_the_registry(tmp_path):
         load_any(dump, None, ImportOptions(cluster="dgx-h100", nodes=1))
     assert "torchtitan's dump of a resolved job config (debug.save_config_file) is not read" in str(e.value)
     assert "--config NAME" in str(e.value)
+
+
+@pytest.mark.parametrize("base, line, recompute", [
+    ("seq_len=8192", 'config.activation_checkpoint.selective_ac_option = "op"', "op"),
+    ("seq_len=8192", 'config.activation_checkpoint.mode = "full"', "full"),
+    ("max_context_length=8192", "config.activation_checkpoint.preserve_rng_state = False", "op"),
+])
+def test_a_field_set_on_the_default_activation_checkpoint(tmp_path, base, line, recompute):
+    """``config.activation_checkpoint.k = v`` on torchtitan's default object: 9810191's
+    ActivationCheckpointConfig() (mode "selective", option "2" unless set: configs.py:260-263 there)
+    takes option "op" (per-op SAC, cp 1) or mode "full"; b5bcd76's default SelectiveAC.Config()
+    (trainer.py:108) stays per-op SAC whatever its other fields."""
+    body = (f"def base():\n    return Trainer.Config(model_spec=model_registry(\"8B\"), training=TrainingConfig({base}))"
+            f"\n\ndef job():\n    config = base()\n    {line}\n    return config\n")
+    imp = _read(_registry(tmp_path, body), "job", cluster="dgx-h100", nodes=1)
+    assert imp.tables["training"]["recompute"] == recompute

@@ -74,6 +74,10 @@ FIELDS = {
     "FullAC.Config": "preserve_rng_state determinism_check debug",
     "MemoryBudgetAC.Config": "preserve_rng_state determinism_check debug memory_budget "
                              "visualize_memory_budget_pareto",
+    # config.activation_checkpoint.k = v on torchtitan's default object, of 9810191 or b5bcd76
+    "activation_checkpoint": "mode selective_ac_option per_op_sac_force_recompute_mm_shapes_by_fqns early_stop "
+                             "memory_budget visualize_memory_budget_pareto preserve_rng_state determinism_check debug "
+                             "force_recompute_mm_shapes_by_fqns",
     "Float8LinearConverter.Config": "enable_fsdp_float8_all_gather precompute_float8_dynamic_scale_for_fsdp "
                                     "recipe_name filter_fqns emulate model_compile_enabled",
 }
@@ -197,7 +201,9 @@ def _activation(tree: Built) -> tuple[dict, str | None]:
         return _section(ac, "activation_checkpoint", "ActivationCheckpointConfig"), "old"
     cls = next((c for c in AC_CLASSES if isinstance(ac, Built) and (ac.name == c or ac.name.endswith("." + c))), None)
     if cls is None and isinstance(ac, Built) and ac.name == "":  # config.activation_checkpoint.k = v on the default
-        return _section(ac, "activation_checkpoint", "ActivationCheckpointConfig"), None
+        keys = _section(ac, "activation_checkpoint", "activation_checkpoint")
+        old = {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop"} & set(keys)
+        return keys, "old" if old else None
     if cls is None:
         raise ConfigError("activation_checkpoint", f"{getattr(ac, 'name', None) or getattr(ac, 'source', ac)!s:.60} is "
                           f"not read; write SelectiveAC.Config(), FullAC.Config() or None (b5bcd76), or "
@@ -290,14 +296,16 @@ def job_dict(tree: Built, text: str, path: Path, notes: list[str]) -> tuple[dict
     d["model"] = d.get("model", {}) | model
     if "hf_assets_path" in tree.kwargs:
         d["model"]["hf_assets_path"] = _literal(tree.kwargs["hf_assets_path"], "hf_assets_path")
-    for key in ("checkpoint",):
-        d |= {key: _section(tree.kwargs[key], key)} if isinstance(tree.kwargs.get(key), Built) else {}
+    if isinstance(tree.kwargs.get("checkpoint"), Built):  # enable and interval read, the other literals listed
+        ck = tree.kwargs["checkpoint"].kwargs
+        d["checkpoint"] = {k: _literal(v, f"checkpoint.{k}") for k, v in ck.items()
+                           if k in ("enable", "interval") or isinstance(v, (str, int, float, bool))}
     d |= {"optimizer": opt} if (opt := _optimizer(tree, notes)) else {}
     if revision == "b5bcd76":
         _folded(d, notes)
         if "enable_async_tensor_parallel" in d.get("compile", {}):
             d["parallelism"]["enable_async_tensor_parallel"] = d["compile"].pop("enable_async_tensor_parallel")
-        ac = ac if ac_layout or ac else dict(AC_CLASSES["SelectiveAC.Config"])  # trainer.py:108's default
+        ac = ac if ac_layout else AC_CLASSES["SelectiveAC.Config"] | ac  # trainer.py:108's default
         _b5bcd76_checks(d, tree, notes)
         if not old and not new:
             notes.append("the file names neither 9810191's batch keys (local_batch_size, seq_len) nor b5bcd76's "
