@@ -89,8 +89,8 @@ def test_b5bcd76_names_plan_the_same_batch_as_b5bcd76_runs_it():
     assert any("FlexAttention" in n for n in imp.notes)
 
 
-def _registry(tmp_path: Path, body: str) -> Path:
-    folder = tmp_path / "llama3"
+def _registry(tmp_path: Path, body: str, model: str = "llama3") -> Path:
+    folder = tmp_path / model
     folder.mkdir(exist_ok=True)
     path = folder / "config_registry.py"
     path.write_text("from torchtitan.config import ParallelismConfig, TrainingConfig\nfrom torchtitan.trainer import "
@@ -211,3 +211,22 @@ def test_a_field_set_on_the_default_activation_checkpoint(tmp_path, base, line, 
             f"\n\ndef job():\n    config = base()\n    {line}\n    return config\n")
     imp = _read(_registry(tmp_path, body), "job", cluster="dgx-h100", nodes=1)
     assert imp.tables["training"]["recompute"] == recompute
+
+
+def _moe_registry(tmp_path: Path, backend: str) -> Path:
+    body = (f"def job():\n    return Trainer.Config(model_spec=model_registry(\"16B\", moe_comm_backend=\"{backend}\"),"
+            f" training=TrainingConfig(max_context_length=4096, num_tokens_per_microbatch_per_dp_rank=16384), "
+            f"parallelism=ParallelismConfig(expert_parallel_degree=8))\n")
+    return _registry(tmp_path, body, "deepseek_v3")
+
+
+def test_moe_backend_deepep_and_hybridep(tmp_path):
+    """b5bcd76's deepseek_v3 model_registry takes moe_comm_backend (models/deepseek_v3/__init__.py:616-629):
+    "deepep" is read as the job TOML's expert_parallel_comm_backend (training.moe_dispatcher deepep),
+    "hybridep" refused as that key is, the line naming the .py's field. 16384 tokens / 4096 = micro-batch 4;
+    deepseek_v3 16B is deepseek-v2-lite."""
+    read = _read(_moe_registry(tmp_path, "deepep"), None, cluster="dgx-h100", nodes=1)
+    assert read.tables["model"] == {"catalog": "deepseek-v2-lite"}
+    assert read.tables["training"]["moe_dispatcher"] == "deepep" and read.tables["training"]["micro_batch"] == 4
+    line = _error(_moe_registry(tmp_path, "hybridep"))
+    assert line.startswith("model_spec moe_comm_backend: 'hybridep' runs HybridEP's")

@@ -27,6 +27,7 @@ compile.enable_async_tensor_parallel          parallelism.enable_async_tensor_pa
 activation_checkpoint=SelectiveAC.Config(),   activation_checkpoint.mode selective with option
   FullAC.Config(), MemoryBudgetAC.Config(),     "op" (per-op SAC: c5d93d1), full, memory_budget
   None                                          (refused), none; unset: SelectiveAC (trainer.py:108)
+model_registry(..., moe_comm_backend=)       parallelism.expert_parallel_comm_backend (7cec166)
 model_registry(..., converters=[Float8Linear  as 9810191's converters; filter_fqns "lm_head" (the
   Converter.Config(...)])                       output Linear's name since b3cf840) as "output"
 ============================================ ============================================
@@ -101,7 +102,8 @@ RENAMED_NEW = {"training.local_batch_size": "training.num_tokens_per_microbatch_
                "training.seq_len": "training.max_context_length",
                "training.global_batch_size": "training.num_tokens_per_train_step",
                "parallelism.pipeline_parallel_microbatch_size": "parallelism.num_pp_microbatches",
-               "parallelism.enable_async_tensor_parallel": "compile.enable_async_tensor_parallel"}
+               "parallelism.enable_async_tensor_parallel": "compile.enable_async_tensor_parallel",
+               "parallelism.expert_parallel_comm_backend": "model_spec moe_comm_backend"}
 
 
 def _kwargs(value, field: str, cls: str | None = None) -> dict:
@@ -152,6 +154,8 @@ def _model(tree: Built, text: str, path: Path) -> tuple[dict, list]:
     name = path.parent.name if source.startswith(".") else parts[2] if parts[:2] == ["torchtitan", "models"] and \
         len(parts) > 2 else None
     model = {"flavor": flavor} | ({"name": name} if name else {})
+    if "moe_comm_backend" in spec.kwargs:  # b5bcd76 models/deepseek_v3/__init__.py:616-629 (7cec166 moved it there)
+        model["moe_comm_backend"] = _literal(spec.kwargs["moe_comm_backend"], "model_spec moe_comm_backend")
     return model, spec.kwargs.get("converters") or []
 
 
@@ -293,6 +297,8 @@ def job_dict(tree: Built, text: str, path: Path, notes: list[str]) -> tuple[dict
     if "model_converters" in tree.kwargs:
         items = _kwargs(tree.kwargs["model_converters"], "model_converters").get("converters") or []
     d |= _converters(items, revision == "b5bcd76")
+    if "moe_comm_backend" in model:  # the EP backend: the job TOML's parallelism key, read_backend's
+        d.setdefault("parallelism", {})["expert_parallel_comm_backend"] = model.pop("moe_comm_backend")
     d["model"] = d.get("model", {}) | model
     if "hf_assets_path" in tree.kwargs:
         d["model"]["hf_assets_path"] = _literal(tree.kwargs["hf_assets_path"], "hf_assets_path")
