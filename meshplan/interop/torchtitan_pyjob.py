@@ -123,14 +123,25 @@ def _kwargs(value, field: str, cls: str | None = None) -> dict:
     return value.kwargs
 
 
+def _unread(value) -> str | None:
+    """The text of the first part of ``value`` read only by running the file (a call, a name it
+    does not bind), None for a literal (nested lists and dicts looked into)."""
+    if isinstance(value, Opaque):
+        return value.source
+    if isinstance(value, Built):
+        return f"{value.name}(...)"
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return next((t for t in map(_unread, items) if t is not None), None)
+
+
 def _literal(value, field: str):
-    """A value the job TOML reader reads: a literal, else a ConfigError naming the field."""
-    if isinstance(value, Opaque) or isinstance(value, Built) or \
-            (isinstance(value, (list, tuple)) and any(isinstance(v, (Opaque, Built)) for v in value)):
-        text = value.source if isinstance(value, Opaque) else f"{getattr(value, 'name', 'a call')}(...)"
-        raise ConfigError(field, f"{text[:60]!r} is not read without running the file (meshplan reads this field); "
-                          f"write its value as a literal (a number, string, boolean or list)")
-    return list(value) if isinstance(value, tuple) else value
+    """A value the job TOML reader reads: a literal (tuples as lists), else a ConfigError naming
+    the field."""
+    text = _unread(value)
+    if text is not None:
+        raise ConfigError(field, f"{text[:60]!r} is not read without running the file; write its value as a literal "
+                          f"(a number, string, boolean or list)")
+    return [_literal(v, field) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _section(value, field: str, cls: str | None = None) -> dict:
