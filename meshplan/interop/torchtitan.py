@@ -250,7 +250,7 @@ def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict
 
 
 def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, model: dict,
-              notes: list[str]) -> dict[str, Any]:
+              notes: list[str], revision: str = "238fa99") -> dict[str, Any]:
     """[training]: batch (torchtitan's global = local x dp unless given), sequence, sharding
     as torchtitan applies it, dtypes, resharding policy, recompute, float8."""
     tr, par = d.get("training", {}), d.get("parallelism", {})
@@ -291,6 +291,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     if deg["pp"] > 1 and accum > 1:
         training["pp_schedule_runs"] = accum
     training |= read_recompute(d, deg, model_is_mla(model), notes)
+    training["op_sac_policy"] = revision  # a job TOML is torchtitan <= v0.2.2 (TrainingSpec.torchtitan_v022): 238fa99
     training |= read_compile(d.get("compile", {}), notes)
     if training["tp_comm_overlap"] and not training["torch_compile"]:
         raise ConfigError("parallelism.enable_async_tensor_parallel", "torchtitan raises \"Async TP requires "
@@ -356,8 +357,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
         notes.append(f"parallelism: pp * dp_replicate * dp_shard * cp * tp = {dense * shard}, the world is {world} "
                      f"({cluster['nodes']} node(s)); torchtitan refuses that at start-up (ParallelDims): set "
                      f"parallelism.{fix}")
-    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes) |
-              {"op_sac_policy": revision},
+    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes, revision),
               "mesh": _mesh(deg, par, model_layers(model), notes)}
     tables["model"] = flavor_context(model, used, tables["training"]["seq_len"], notes)  # RoPE at the job's length
     # torchtitan's loss, F.cross_entropy(pred.flatten(0, 1).float(), ...): eager unless [compile]
