@@ -46,7 +46,7 @@ def test_config_argument_help_says_what_each_command_reads():
 # commands that read a foreign config (the plan row: torchtitan, Megatron-LM, DeepSpeed), "Foreign configs"
 SHARED = {"--help", "--json", "--force"}
 FOREIGN = {"--format", "--cluster", "--nodes", "--gpu", "--model", "--seq-len", "--micro-batch", "--grad-accum",
-           "--dtype", "--gradient-checkpointing"}  # meshplan/cli/foreign_opts.OPTIONS, named once in docs/commands.md ("CONFIG ... with")
+           "--dtype", "--gradient-checkpointing", "--config"}  # meshplan/cli/foreign_opts.OPTIONS, named once in docs/commands.md ("CONFIG ... with")
 READS_FOREIGN = {"plan", "report", "groups", "memory", "step", "reliability", "search", "export"}
 
 

@@ -14,7 +14,7 @@ from tests.cli_run import run_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NAMES = ("fmt", "cluster", "nodes", "gpu", "model", "seq_len", "micro_batch", "grad_accum", "dtype",
-         "gradient_checkpointing")
+         "gradient_checkpointing", "job_config")  # job_config: --config, a torchtitan config_registry.py function
 
 
 def test_options_are_import_options_fields_after_format():

@@ -11,8 +11,8 @@ the block saved (the router's gate force-recomputed, not counted), SDPA/flex att
 log-sum-exp, the ep ``all_to_all_single`` outputs; the routed experts' ``_grouped_mm`` and the rest
 recomputed. The fix line no longer offers cp for an MoE model under framework torch.
 
-#2 (high): a torchtitan Python job config got "cannot tell the format" or "not valid TOML"; now one line
-says torchtitan's Python config registry (9810191 on) is not read, and what to write instead.
+#2 (high): a torchtitan Python job config got "cannot tell the format" or "not valid TOML"; then one line
+said torchtitan's Python config registry (9810191 on) is not read; since nc55 #7 it is read statically.
 
 #3 (medium): export to torchtitan wrote ``filter_fqns = ["output"]`` for the user's ``["output",
 "router.gate"]``; the user's list is kept.
@@ -134,22 +134,24 @@ def test_fix_line_offers_no_cp_for_moe_under_torch():
 
 @pytest.mark.parametrize("fmt, name", [(None, "deepseek_v3_16b_tt.py"), ("torchtitan", "deepseek_v3_16b_tt.py"),
                                        (None, "job.txt")])
-def test_a_torchtitan_python_job_config_is_one_clear_line(tmp_path, fmt, name):
+def test_a_torchtitan_python_job_config_is_read(tmp_path, fmt, name):
     """#2: torchtitan's Python job config (``tests/data/nc48/deepseek_v3_16b_tt.py.txt``): ``import auto``
     said "cannot tell the format; pass --format ..." and ``import torchtitan`` "not valid TOML
-    (Expected '=' ...)". torchtitan 9810191 (#2386, 2026-02-23, "Config System Refactor: TOML to
-    Python Dataclass Registry") replaced the TOML job files (v0.2.2 the last release with them); both
-    now say that, naming field ``config``, and what to write instead; so does the same text under another
-    name (it imports torchtitan). The data file is stored as ``.py.txt``: pytest's --doctest-modules would
-    import a ``.py`` under tests/."""
-    from meshplan.errors import ConfigError
+    (Expected '=' ...)"; then a one-line refusal (torchtitan 9810191 replaced the TOML job files). Since
+    nc55 #7 it is read without running it (meshplan/interop/torchtitan_py.py): its module-level
+    ``default_config = JobConfig(...)`` is v0.2.2's dataclass tree, table by table its job TOML, and so
+    is the same text under another name (it imports torchtitan). By hand: deepseek_v3 16B is
+    deepseek-v2-lite; local_batch_size 4, seq_len 8192; ep 8 on 8 GPUs, dp_shard -1 = 8 / 1 = 8 (ep
+    borrows dp_shard); global batch 4 x 8 = 32; AC full; [quantize] without model.converters converts
+    nothing in v0.2.2 (listed unused). The data file is stored as ``.py.txt``: pytest's
+    --doctest-modules would import a ``.py`` under tests/."""
     (tmp_path / name).write_text((DATA / "deepseek_v3_16b_tt.py.txt").read_text())
-    with pytest.raises(ConfigError) as e:
-        load_any(tmp_path / name, fmt, ImportOptions(cluster="dgx-h100", nodes=1))
-    line = str(e.value)
-    assert line.startswith("config: ") and "\n" not in line
-    assert "torchtitan Python job config (its config registry, 9810191 on) is not read" in line
-    assert "as such a TOML and import that" in line and "not valid TOML" not in line
+    cfg = load_any(tmp_path / name, fmt, ImportOptions(cluster="dgx-h100", nodes=1))
+    t = cfg.training
+    assert (cfg.model.name, t.global_batch, t.micro_batch, t.seq_len, t.recompute) == \
+        ("deepseek-v2-lite", 32, 4, 8192, "full")
+    assert t.linear_dtype is None and cfg.origin == "torchtitan"
+    assert any("quantize.linear.float8.filter_fqns" in n for n in cfg.notes)
 
 
 def _export_full(tmp_path: Path) -> tuple[dict, list[str], object, object]:

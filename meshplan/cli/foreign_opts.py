@@ -1,14 +1,14 @@
 """The foreign-config options, in one place: ``--format --cluster --nodes --gpu --model --seq-len
---micro-batch --grad-accum --dtype --gradient-checkpointing``, what a torchtitan job TOML, Megatron-LM arguments or a DeepSpeed
-JSON does not say. A command that reads foreign configs (plan, report, groups, memory, step,
+--micro-batch --grad-accum --dtype --gradient-checkpointing --config``, what a torchtitan job TOML, Megatron-LM arguments or a DeepSpeed
+JSON does not say (``--config``: which function of a torchtitan ``config_registry.py``). A command that reads foreign configs (plan, report, groups, memory, step,
 reliability, search, export; import without ``--format``, its FORMAT being an argument) takes
 one parameter ``foreign: Foreign`` and is decorated with :func:`foreign_options`, which puts the
-ten options at the end of its ``--help`` and hands them to it as one :class:`Foreign`.
+eleven options at the end of its ``--help`` and hands them to it as one :class:`Foreign`.
 
 Example: ``meshplan plan ds.json --cluster dgx-h100 --nodes 2 --model llama3-8b --seq-len 4096``
 calls ``plan(config=Path("ds.json"), ..., foreign=Foreign(None, {"cluster": "dgx-h100", "nodes": 2,
 "gpu": None, "model": "llama3-8b", "seq_len": 4096, "micro_batch": None, "grad_accum": None, "dtype": None,
-"gradient_checkpointing": None}))``,
+"gradient_checkpointing": None, "job_config": None}))``,
 and ``foreign.options()`` is the :class:`~meshplan.interop.common.ImportOptions` the loader
 takes. The parameter names of :data:`OPTIONS` but ``fmt`` are ImportOptions' fields.
 """
@@ -43,6 +43,8 @@ DTYPE_HELP = ("a DeepSpeed JSON's \"auto\" bf16.enabled / fp16.enabled: bf16 for
               "--fp16, fp32 for neither")
 GC_HELP = ("a DeepSpeed JSON run by the HF Trainer: its --gradient_checkpointing (every decoder layer "
            "checkpointed, recompute full; no DeepSpeed key says it)")
+CONFIG_HELP = ("a torchtitan config_registry.py: the function to read, as torchtitan's --config (default: the "
+               "file's only one); read without running it")
 GRAD_ACCUM_HELP = ("a DeepSpeed JSON's \"auto\" gradient_accumulation_steps: the HF Trainer's "
                    "--gradient_accumulation_steps")
 
@@ -58,6 +60,7 @@ OPTIONS = (
     ("grad_accum", Annotated[Optional[int], typer.Option("--grad-accum", help=GRAD_ACCUM_HELP)]),
     ("dtype", Annotated[Optional[str], typer.Option("--dtype", help=DTYPE_HELP)]),
     ("gradient_checkpointing", Annotated[Optional[bool], typer.Option("--gradient-checkpointing", help=GC_HELP)]),
+    ("job_config", Annotated[Optional[str], typer.Option("--config", help=CONFIG_HELP)]),
 )
 
 

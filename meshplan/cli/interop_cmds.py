@@ -114,8 +114,9 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
                force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
                json_path: Optional[Path] = _json_option("import"),
                foreign: Foreign = Foreign()):
-    """Read a torchtitan job TOML (v0.2.2 and before: its Python config registry, 9810191 on, is not read),
-    Megatron-LM arguments (file or launch script) or DeepSpeed JSON and write the meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); the
+    """Read a torchtitan job TOML (v0.2.2 and before) or Python config registry (9810191 on: a config_registry.py,
+    --config NAME its function, read without running it), Megatron-LM arguments (file or launch script) or DeepSpeed
+    JSON and write the meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); the
     TOML's [source] table names the file, so that export of the TOML carries them as export of the file does;
     what the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
     options. Exit 1, nothing written, for a torchtitan tensor_parallel_degree the model refuses where

@@ -43,7 +43,9 @@ class ImportOptions:
     (:func:`meshplan.interop.deepspeed_auto.fill_dtype`); ``gradient_checkpointing``: the HF Trainer's
     ``--gradient_checkpointing`` (True: every decoder layer checkpointed, recompute ``full``;
     None: not given, the Trainer's default off), which no DeepSpeed key says
-    (:func:`meshplan.interop.deepspeed.hf_recompute`). These numbers are checked here, their one home: a ConfigError naming the option when not a
+    (:func:`meshplan.interop.deepspeed.hf_recompute`); ``job_config``: the function of a torchtitan
+    ``config_registry.py`` to read, torchtitan's own ``--config`` (None: the file's only one;
+    :mod:`meshplan.interop.torchtitan_pyjob`). These numbers are checked here, their one home: a ConfigError naming the option when not a
     whole number >= 1."""
 
     cluster: Optional[str | ClusterSpec] = None
@@ -55,6 +57,7 @@ class ImportOptions:
     grad_accum: Optional[int] = None
     dtype: Optional[str] = None
     gradient_checkpointing: Optional[bool] = None
+    job_config: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.dtype not in (None, "bf16", "fp16", "fp32"):

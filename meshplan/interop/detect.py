@@ -1,6 +1,7 @@
 """The format of a config file, and its text read through the one bounded reader.
 
-Detection (:func:`detect`): ``.json`` with DeepSpeed's batch or ``zero_optimization`` keys is
+Detection (:func:`detect`): a ``.py`` file (or text importing torchtitan: :func:`is_python_job`)
+is a torchtitan config registry; ``.json`` with DeepSpeed's batch or ``zero_optimization`` keys is
 DeepSpeed; a TOML with torchtitan's tables (``[parallelism]``, ``[job]``,
 ``[activation_checkpoint]``) or keys (``model.flavor``, ``training.local_batch_size``) is
 torchtitan, any other TOML meshplan; other text with Megatron-LM's flags
@@ -35,45 +36,56 @@ MEGATRON_HINT = re.compile(r"--(num-layers|tensor-model-parallel-size|pipeline-m
                            r"hidden-size|global-batch-size)\b")
 
 
-#: What marks a torchtitan Python job config (:func:`python_job_refusal`).
+#: What marks a torchtitan Python job config (:func:`is_python_job`).
 PYTHON_JOB = re.compile(r"^\s*(from|import)\s+torchtitan\b|\b(JobConfig|Trainer\.Config)\(", re.M)
 
 
-def python_job_refusal(path: Path, text: str) -> ConfigError | None:
-    """The one-line error for a torchtitan Python job config (a ``.py`` file, or text not named
+def is_python_job(path: Path, text: str) -> bool:
+    """Whether the file is a torchtitan Python job config: a ``.py`` file, or text not named
     ``.toml`` or ``.json`` importing torchtitan or building ``JobConfig(...)`` /
-    ``Trainer.Config(...)``), None for other files.
-    torchtitan 9810191 (#2386, 2026-02-23, "Config System Refactor: TOML to Python Dataclass
-    Registry") replaced the TOML job files with a ``config_registry.py`` per model, run with
-    ``--module``/``--config``; v0.2.2 is the last release that reads TOML. meshplan does not run
-    Python, so it reads the TOML ones only.
+    ``Trainer.Config(...)``. torchtitan 9810191 (#2386, 2026-02-23, "Config System Refactor: TOML
+    to Python Dataclass Registry") replaced the TOML job files with a ``config_registry.py`` per
+    model, run with ``--module``/``--config``; meshplan reads its functions without running them
+    (:mod:`meshplan.interop.torchtitan_pyjob`).
 
-    >>> print(python_job_refusal(Path("job.py"), "x = 1"))  # doctest: +ELLIPSIS
-    config: job.py: a torchtitan Python job config (its config registry, 9810191 on) is not read: ...
-    >>> python_job_refusal(Path("job.toml"), "[job]") is None
-    True
+    >>> is_python_job(Path("config_registry.py"), "x = 1"), is_python_job(Path("job.toml"), "[job]")
+    (True, False)
     """
-    if path.suffix in (".toml", ".json") or (path.suffix != ".py" and not PYTHON_JOB.search(text)):
+    return path.suffix == ".py" or (path.suffix not in (".toml", ".json") and bool(PYTHON_JOB.search(text)))
+
+
+#: The top-level keys of torchtitan's config dump (``Trainer.Config.to_dict``, b5bcd76 trainer.py:201-238,
+#: written by ``debug.save_config_file`` and logged by ``debug.print_config``), any two marking one.
+DUMP_KEYS = {"model_spec", "parallelism", "activation_checkpoint", "hf_assets_path", "dump_folder"}
+
+
+def dump_refusal(path: Path, d: object) -> ConfigError | None:
+    """The one-line error for torchtitan's JSON dump of a resolved job config (:data:`DUMP_KEYS`),
+    which meshplan does not read: its ``activation_checkpoint`` no longer names its class
+    (SelectiveAC or FullAC) and its float8 converters are folded into the model's layers; None for
+    other JSON.
+
+    >>> print(dump_refusal(Path("cfg.json"), {"model_spec": {}, "parallelism": {}}))  # doctest: +ELLIPSIS
+    config: cfg.json: torchtitan's dump of a resolved job config (debug.save_config_file) is not read: ...
+    """
+    if not isinstance(d, dict) or len(DUMP_KEYS & set(d)) < 2:
         return None
-    return ConfigError("config", f"{path}: a torchtitan Python job config (its config registry, 9810191 on) is "
-                       f"not read: meshplan reads torchtitan TOML job files (v0.2.2 and before); write the job's "
-                       f"[model] name/flavor, [training] local_batch_size/seq_len, [parallelism] degrees and "
-                       f"[activation_checkpoint] as such a TOML and import that, or write a meshplan TOML "
-                       f"(docs/input.md)")
+    return ConfigError("config", f"{path}: torchtitan's dump of a resolved job config (debug.save_config_file) is not "
+                       f"read: it drops the activation checkpoint's class and the converters; import the "
+                       f"config_registry.py it came from, meshplan import torchtitan config_registry.py --config NAME")
 
 
 def detect(path: Path, text: str) -> str:
     """The format of a config file (module docstring); ConfigError asking for --format, or
-    :func:`python_job_refusal`'s for a torchtitan Python job config."""
-    python = python_job_refusal(path, text)
-    if python is not None:
-        raise python
+    :func:`dump_refusal`'s for torchtitan's JSON dump of a config."""
+    if is_python_job(path, text):
+        return "torchtitan"
     if path.suffix == ".json":
         d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True, hjson=True)
         if isinstance(d, dict) and ({"train_batch_size", "train_micro_batch_size_per_gpu",
                                      "zero_optimization"} & set(d)):
             return "deepspeed"
-        raise not_a_job(path, d) or ConfigError("--format", f"{path}: a JSON file without DeepSpeed's keys "
+        raise not_a_job(path, d) or dump_refusal(path, d) or ConfigError("--format", f"{path}: a JSON file without DeepSpeed's keys "
                                                 f"(train_batch_size, zero_optimization); pass --format")
     if path.suffix == ".toml":
         try:

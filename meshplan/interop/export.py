@@ -24,7 +24,7 @@ from meshplan.fileread import parse_json
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.interop import deepspeed_carry, megatron, megatron_carry, torchtitan_carry
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
-from meshplan.interop.detect import config_text, detect
+from meshplan.interop.detect import config_text, detect, is_python_job
 from meshplan.interop.export_formats import UserFile, deepspeed_file, megatron_file, torchtitan_file
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.roundtrip import StepOf, differences, step_line
@@ -51,6 +51,8 @@ def user_source(path, fmt: str | None = None) -> UserFile | None:
     what :func:`export` carries into a file of the same format."""
     p = Path(path)
     fmt = fmt or detect(p, config_text(p))
+    if fmt == "torchtitan" and is_python_job(p, config_text(p)):
+        return None  # a config_registry.py: nothing of it is carried into a job TOML
     if fmt == "torchtitan":
         raw = parse_toml(config_text(p), str(p))
         return UserFile(fmt, current_layout(raw), float8_spelling(raw))

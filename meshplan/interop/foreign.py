@@ -19,10 +19,11 @@ from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json
 from meshplan.interop import deepspeed, megatron, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions
-from meshplan.interop.detect import MEGATRON_HINT, config_text, detect, python_job_refusal, sbatch_refusal
+from meshplan.interop.detect import MEGATRON_HINT, config_text, detect, is_python_job, sbatch_refusal
 from meshplan.interop.tomlout import dumps
 from meshplan.interop.detect import meshplan_refusal  # import's refusal of a meshplan TOML (nc55 #1)
 from meshplan.interop.torchtitan_custom import sibling_flavors
+from meshplan.interop.torchtitan_pyjob import read_py
 from meshplan.interop.written_paths import written_tables
 
 
@@ -50,10 +51,13 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
         raise ConfigError("--gradient-checkpointing", f"only for a DeepSpeed JSON run by the HF Trainer; a {fmt} "
                           f"config states its own activation checkpointing: set {RECOMPUTE_FIELDS[fmt]} in {path.name}")
     text = config_text(path)
+    python = fmt == "torchtitan" and is_python_job(path, text)
+    if opts.job_config is not None and not python:
+        raise ConfigError("--config", f"only for a torchtitan config_registry.py (the function to read); {path.name} is "
+                          f"a {fmt} file: drop --config")
+    if python:
+        return read_py(text, path, opts)
     if fmt == "torchtitan":
-        python = python_job_refusal(path, text)
-        if python is not None:
-            raise python
         return torchtitan.read(parse_toml(text, str(path)), path.parent, opts, sibling_flavors(path))
     if fmt == "megatron":
         if path.suffix == ".json" or text.lstrip().startswith("{"):  # arguments never open with a brace
@@ -113,6 +117,8 @@ def import_text(path, fmt: str | None, opts: ImportOptions,
     if fmt == "meshplan":  # a TOML error or an empty file said first (nc55 #1)
         raise meshplan_refusal(p, config_text(p))
     imp = read_foreign(p, fmt, opts)
+    if is_python_job(p, config_text(p)):  # export writes a job TOML afresh: nothing of the .py to carry
+        source = None
     tables = imp.tables | ({"source": source(fmt)} if source else {})
     config_from_dict(tables, base=p.parent, path=str(p))
     tables = written_tables(tables, out)

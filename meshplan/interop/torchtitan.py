@@ -5,8 +5,8 @@ what an export keeps of the user's own file :mod:`meshplan.interop.torchtitan_ca
 Key names from torchtitan's ``torchtitan/config/job_config.py`` (pytorch/torchtitan at
 e347b1e, 2026-02-15, whose ``torchtitan/config`` is the same as release v0.2.2's (73a0e69, the
 last release reading TOML job files: 9810191, 2026-02-23, replaced them with Python config
-registries, ``--module``/``--config``); the files meshplan reads and writes are for torchtitan
-<= v0.2.2, while its runtime rules (flavors, FSDP units, the reshard default) cite b5bcd76;
+registries, ``--module``/``--config``, which :mod:`meshplan.interop.torchtitan_pyjob` brings to
+these keys); the files meshplan writes are for torchtitan <= v0.2.2, while its runtime rules (flavors, FSDP units, the reshard default) cite b5bcd76;
 ``JobConfig`` tables ``[model]``,
 ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``, ``[quantize.linear.float8]``)
 and its preset ``torchtitan/models/llama3/train_configs/llama3_8b.toml``. How they map:
@@ -250,7 +250,7 @@ def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict
 
 
 def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, model: dict,
-              notes: list[str]) -> dict[str, Any]:
+              notes: list[str], revision: str = "238fa99") -> dict[str, Any]:
     """[training]: batch (torchtitan's global = local x dp unless given), sequence, sharding
     as torchtitan applies it, dtypes, resharding policy, recompute, float8."""
     tr, par = d.get("training", {}), d.get("parallelism", {})
@@ -291,7 +291,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     if deg["pp"] > 1 and accum > 1:
         training["pp_schedule_runs"] = accum
     training |= read_recompute(d, deg, model_is_mla(model), notes)
-    training["op_sac_policy"] = "238fa99"  # a job TOML is torchtitan <= v0.2.2 (TrainingSpec.torchtitan_v022)
+    training["op_sac_policy"] = revision  # a job TOML is torchtitan <= v0.2.2 (TrainingSpec.torchtitan_v022): 238fa99
     training |= read_compile(d.get("compile", {}), notes)
     if training["tp_comm_overlap"] and not training["torch_compile"]:
         raise ConfigError("parallelism.enable_async_tensor_parallel", "torchtitan raises \"Async TP requires "
@@ -318,10 +318,13 @@ def _dtype(tr: dict, key: str, default: str) -> str:
     return DTYPES[value]
 
 
-def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, str], dict] = {}) -> Imported:
+def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, str], dict] = {},
+         revision: str = "238fa99") -> Imported:
     """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
     file's folder (for a relative ``hf_assets_path``); ``custom``: llama3 flavors of the ``.py``
-    beside it (:func:`~meshplan.interop.torchtitan_flavors.read_model`)."""
+    beside it (:func:`~meshplan.interop.torchtitan_flavors.read_model`); ``revision``: the
+    torchtitan that runs it, ``training.op_sac_policy`` (a job TOML: 238fa99, the code of v0.2.2;
+    a Python config registry in b5bcd76's names: b5bcd76, :mod:`~meshplan.interop.torchtitan_pyjob`)."""
     mixed = mixed_note(d)  # the raw file's float8 names, before old_float8 brings them to the current layout
     d, old_notes = old_float8(d)
     old_notes += mixed
@@ -354,7 +357,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
         notes.append(f"parallelism: pp * dp_replicate * dp_shard * cp * tp = {dense * shard}, the world is {world} "
                      f"({cluster['nodes']} node(s)); torchtitan refuses that at start-up (ParallelDims): set "
                      f"parallelism.{fix}")
-    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes),
+    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes, revision),
               "mesh": _mesh(deg, par, model_layers(model), notes)}
     tables["model"] = flavor_context(model, used, tables["training"]["seq_len"], notes)  # RoPE at the job's length
     # torchtitan's loss, F.cross_entropy(pred.flatten(0, 1).float(), ...): eager unless [compile]

@@ -25,8 +25,9 @@ converter runs its float8 GEMMs under plain TP (gathers in the compute dtype, th
 them), ``fp8_tp = false``. A file naming ``"float8"`` beside ``[quantize.linear.float8]`` runs on
 neither (from 8a2686c ``_registry_model_converter_cls["float8"]`` is a KeyError,
 ``protocols/model_converter.py``:62 at 73a0e69; before it the table is ``[float8]``): planned as
-``"float8"`` reads, float8 TP on, with a note. torchtitan 9810191 (Python configs, not read here)
-removed the float8 TP path altogether.
+``"float8"`` reads, float8 TP on, with a note. torchtitan 9810191 (Python configs:
+:mod:`~meshplan.interop.torchtitan_pyjob`) applies float8 TP for any ``Float8LinearConverter``
+(``models/llama3/parallelize.py``:90-100 there); b5bcd76 has no float8 TP.
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ def read_recompute(d: dict, deg: dict[str, int], mla: bool, notes: list[str]) ->
     of ``deg``, the cp degree) is planned with Megatron-LM's selective recompute, with a note;
     ``mla`` is not read (kept for the callers). A job TOML is torchtitan <= v0.2.2 (e347b1e), whose
     ``_apply_op_sac`` and save lists are 238fa99's: the import sets ``op_sac_policy = "238fa99"``
-    (:func:`meshplan.compute.recompute.op_sac_fuses_qkv`; b5bcd76's Python configs are refused)."""
+    (:func:`meshplan.compute.recompute.op_sac_fuses_qkv`; a Python config registry in b5bcd76's
+    names ``"b5bcd76"``: :mod:`meshplan.interop.torchtitan_pyjob`)."""
     ac = d.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")
     if mode not in AC_MODES:  # a near miss first (selectiv), as the catalog names and mesh axes
