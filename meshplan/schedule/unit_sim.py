@@ -20,7 +20,7 @@ from meshplan.compute.ops import Cost, Workload
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.nic_fair import nic_waits
-from meshplan.schedule.unit_events import COMM, COMPUTE, FIXED, NET, PINNED, Task, run
+from meshplan.schedule.unit_events import COMM, COMPUTE, FIXED, NET, PINNED, ROOM, Task, run
 
 
 #: At most this fraction of the SMs is taken from compute by concurrent collectives.
@@ -95,6 +95,23 @@ class UnitSim:
     #: {(stream, other stream): seconds} the stream's collectives ran longer sharing their NICs with the
     #: other's running beside them (:func:`~meshplan.schedule.nic_fair.nic_waits`)
     nic_wait: dict = field(default_factory=dict)
+    #: a pass timed with its window UNSHARD issued infinitely early (lead inf): ((position in
+    #: ``events``, seconds alone), ...) of the tasks that ran before it started, where they are
+    #: one chain of collectives on the "fsdp" queue that a finite lead runs alone, back to back
+    #: (:func:`~meshplan.schedule.window_unshard.hidden_lead`); None where they are not; () elsewhere
+    early: Optional[tuple] = field(default=(), compare=False, repr=False)
+
+
+def _event(stream: str, name: str, args: dict) -> Event:
+    """``Event(0, stream, name, nan, nan, args)``, its fields set as the frozen dataclass's
+    ``__init__`` sets them (no ``__post_init__``) without its six ``object.__setattr__`` calls: one
+    per task, ~10^6 per 405B search (issue 11 item 7)."""
+    ev = _new(Event)
+    ev.__dict__.update(stage=0, stream=stream, name=name, start_s=math.nan, end_s=math.nan, args=args)
+    return ev
+
+
+_new = object.__new__
 
 
 class StreamSim:
@@ -133,13 +150,14 @@ class StreamSim:
             self.floor[q] = t
 
     def _task(self, kind: int, queue: str, stream: str, name: str, args=None, work: float = 0.0, deps=(),
-              **kw) -> Task:
+              demand: float = 0.0, sm: float = 0.0) -> Task:
         """A task on ``queue`` (its event on ``stream``) after ``deps`` (events) and the queue's last task."""
-        ev = Event(0, stream, name, math.nan, math.nan, dict(args) if args else {})
-        t = Task(len(self.tasks), kind, queue, ev, work, **kw)
-        self.tasks.append(t)
-        self.task_of[id(ev)] = t
-        t.deps = own = [self.task_of[id(a)] for a in deps if a is not None]
+        ev = _event(stream, name, dict(args) if args else {})
+        tasks, task_of = self.tasks, self.task_of
+        t = Task(len(tasks), kind, queue, ev, work, demand, sm)
+        tasks.append(t)
+        task_of[id(ev)] = t
+        t.deps = own = [task_of[id(a)] for a in deps if a is not None]
         pred = t.pred = self.queue_last.get(queue)
         if pred is not None:  # its queue is free when the task before it ends (before 0: a window UNSHARD's)
             own.append(pred)
@@ -248,8 +266,27 @@ class StreamSim:
         final = max(events, key=lambda e: e.end_s, default=None)
         tail = max(0.0, final.end_s - end) if final else 0.0
         nets = [(t.start, t.end, t.work, t.demand, t.ev.stream, t.queue) for t in self.tasks if t.kind == NET]
+        early = _early(self.tasks) if -math.inf in self.floor.values() else ()
         return UnitSim(end, tail, exposed, events, final.stream if final and tail else "",
-                       tot.host_wait, tot.contention, nic_waits(nets))
+                       tot.host_wait, tot.contention, nic_waits(nets), early)
+
+
+def _early(tasks: list[Task]) -> Optional[tuple]:
+    """:attr:`UnitSim.early` of a played unit: the tasks that started at -inf (a window UNSHARD's
+    gathers at lead inf), where each is a collective on the "fsdp" queue after the one before it
+    and nothing else (a network one with a demand below the NIC: alone it runs at its full speed,
+    :func:`~meshplan.schedule.unit_events.run`), shown; else None."""
+    out, k, prev = [], -1, None
+    for t in tasks:
+        k += t.emit
+        if t.start != -math.inf:
+            continue
+        if (not t.emit or t.queue != "fsdp" or t.kind not in (COMM, NET) or t.pred is not prev
+                or any(d is not prev for d in t.deps) or (t.kind == NET and t.demand > 1.0 - ROOM)):
+            return None
+        out.append((k, t.work))
+        prev = t
+    return tuple(out)
 
 
 def simulate(build, comm: CommTimes, w: Workload, ov: Overlap) -> UnitSim:

@@ -17,7 +17,7 @@ from meshplan.pipeline.simulate import Event, PipelineSpec, stage_order
 from meshplan.schedule.backward_pass import backward_unit
 from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import UnitSim
-from meshplan.schedule.window_unshard import unshard_leads
+from meshplan.schedule.window_unshard import hidden_lead, unshard_leads
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
@@ -87,6 +87,8 @@ class UnitTimes:
             stage_last = self.final.get(s, 0) == chunk
             twins = self.shared.setdefault(k[2:] + (stage_last,), [])
             sim = next((x for c, m, x in twins if c == ch and m == comm), None)
+            if sim is None and k[6] is not None and k[6] < math.inf:  # its UNSHARD's gathers hidden: as at lead inf
+                sim = hidden_lead(self.by_key(k[:6] + (math.inf,) + k[7:]), k[6])
             if sim is None:
                 if kind == "F":
                     sim = forward_unit(ch, comm, self.w, self.ov, gather_layers=k[4][0], gather_root=k[4][1],
