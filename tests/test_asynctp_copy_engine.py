@@ -30,10 +30,6 @@ slope = (n Sxy - Sx Sy) / (n Sxx - Sx^2) = (332,517,444 - 200,815,802) / (302,01
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
@@ -41,19 +37,14 @@ from meshplan.compute import asynctp
 from meshplan.compute.measured import kernel_data
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
+from bench_module import bench
 
 PART = "h100-hbm2e-96gb-500w"
 README = [(483, 543), (849, 948), (1655, 1846), (1595, 1776), (2953, 3243), (5948, 6538)]
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "torchtitan_h100.py"
 
 
-@lru_cache(maxsize=1)
 def _bench():
-    spec = importlib.util.spec_from_file_location("torchtitan_h100_ce", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return bench('torchtitan_h100', 'torchtitan_h100_ce')
 
 
 def test_catalog_terms_are_the_readmes_least_squares():

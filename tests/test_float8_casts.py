@@ -21,11 +21,7 @@ By hand (h 4096, 32 q / 8 KV heads of 128, ffn 14336; per micro-batch and layer)
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
@@ -41,20 +37,15 @@ from meshplan.plan import build_plan
 from meshplan.schedule.step_end import float8_precompute_s
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.workload import workload_of
+from bench_module import bench
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "torchtitan_h100.py"
 H100 = catalog.gpu("h100-sxm5-80gb")
 LINEARS = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336  # a layer's 7 float8 weights
 
 
-@lru_cache(maxsize=1)
 def _bench():
     """benchmarks/torchtitan_h100.py as a module (its ROWS and toml_of)."""
-    spec = importlib.util.spec_from_file_location("torchtitan_h100_rows", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses resolve their annotations in it
-    spec.loader.exec_module(mod)
-    return mod
+    return bench('torchtitan_h100', 'torchtitan_h100_rows')
 
 
 def plan_of(row_id: str, tmp_path):

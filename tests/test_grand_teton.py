@@ -12,30 +12,22 @@ each: 14 B a parameter, 7,544,320,896 B; / 3.564 ms = 2.1168 TB/s (Adam: 2.1085)
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
 from meshplan import catalog
 from meshplan.compute.measured import kernel_data, memory_kernel_seconds
 from meshplan.plan import build_plan
+from bench_module import bench
 
 PART, NODE = "h100-hbm2e-96gb-500w", "grand-teton-h100"
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "torchtitan_h100.py"
 LLAMA2_70B = 2 * 32000 * 8192 + 80 * (8192 * (8192 + 2 * 1024) + 8192 ** 2 + 3 * 8192 * 28672 + 2 * 8192) + 8192
 SHARD_BYTES = LLAMA2_70B // 128 * 14  # fused AdamW, all bf16: 4 reads + 3 writes of 2 B
 
 
-@lru_cache(maxsize=1)
 def _bench():
-    spec = importlib.util.spec_from_file_location("torchtitan_h100_gt", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return bench('torchtitan_h100', 'torchtitan_h100_gt')
 
 
 def _plan(row_id: str, node: str, tmp_path):

@@ -5,26 +5,18 @@ Source of the rows: mosaicml/llm-foundry 8c8dd48 ``scripts/train/benchmarking/RE
 80GB and 40GB tables, rows of b2a43a1)."""
 from __future__ import annotations
 
-import importlib.util
 import sys
-from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
 from meshplan.config import load_config
+from bench_module import bench
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "llmfoundry_a100.py"
 
 
-@lru_cache(maxsize=1)
 def _bench():
     """benchmarks/llmfoundry_a100.py as a module (its ROWS, toml_of and main)."""
-    spec = importlib.util.spec_from_file_location("llmfoundry_a100_rows", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses resolve their annotations in it
-    spec.loader.exec_module(mod)
-    return mod
+    return bench('llmfoundry_a100', 'llmfoundry_a100_rows')
 
 
 def test_mpt_by_fields_has_the_readme_parameter_count(tmp_path):

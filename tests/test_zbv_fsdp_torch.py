@@ -17,22 +17,11 @@ backward) is right every time. A torch that fixes this fails the assertions: the
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+from pp_fsdp_harness import case
 
 pytestmark = pytest.mark.slow
 TOL = 1e-6
-
-
-def _case(schedule: str, reshard_after_forward: bool) -> dict[int, float | None]:
-    """Stage -> max |grad - reference| of its layer's weight, None where torch left no gradient."""
-    out = subprocess.run([sys.executable, __file__, schedule, str(int(reshard_after_forward))], capture_output=True,
-                         text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
 def _right(g) -> bool:
@@ -41,81 +30,10 @@ def _right(g) -> bool:
 
 @pytest.mark.timeout(900)
 def test_v_schedules_under_fsdp2_resharded_after_forward():
-    zbv = _case("zbv", True)
+    zbv = case("zbv", True)
     assert _right(zbv[0]) and zbv[3] is None and not _right(zbv[1]) and not _right(zbv[2])
-    dpv = _case("dualpipev", True)
+    dpv = case("dualpipev", True)
     assert _right(dpv[0]) and dpv[3] is not None and dpv[3] > TOL and _right(dpv[1]) and _right(dpv[2])
     for schedule in ("zbv", "dualpipev"):
-        got = _case(schedule, False)
+        got = case(schedule, False)
         assert all(_right(g) for g in got.values()) and sorted(got) == [0, 1, 2, 3], (schedule, got)
-
-
-def _rank(rank: int, schedule: str, rf: bool, init: str, queue) -> None:
-    import copy
-
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import ScheduleDualPipeV, ScheduleZBVZeroBubble
-
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
-    torch.manual_seed(0)
-
-    class Part(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layer = nn.Linear(8, 8)
-
-        def forward(self, x):
-            return torch.tanh(self.layer(x))
-
-    parts = [Part() for _ in range(4)]
-    ref = copy.deepcopy(parts)
-    groups = [dist.new_group([0]), dist.new_group([1])]  # every rank creates both, in order
-    mesh = DeviceMesh.from_group(groups[rank], "cpu")
-    stages = []
-    for s in sorted((rank, 3 - rank)):
-        fully_shard(parts[s].layer, mesh=mesh, reshard_after_forward=rf)
-        fully_shard(parts[s], mesh=mesh, reshard_after_forward=rf)
-        stages.append(PipelineStage(parts[s], s, 4, torch.device("cpu")))
-
-    def loss_fn(out, y):
-        return ((out - y) ** 2).mean()
-
-    m = 4
-    x, y = torch.randn(16, 8), torch.randn(16, 8)
-    sched = {"zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}[schedule](stages, n_microbatches=m,
-                                                                                   loss_fn=loss_fn)
-    sched.step(*([x] if rank == 0 else []), target=y)
-    for xm, ym in zip(x.chunk(m), y.chunk(m)):  # the schedule scales by 1 / m
-        h = xm
-        for r in ref:
-            h = r(h)
-        (loss_fn(h, ym) / m).backward()
-    for s in sorted((rank, 3 - rank)):
-        g = parts[s].layer.weight.grad
-        queue.put((s, None if g is None else float((g.full_tensor() - ref[s].layer.weight.grad).abs().max())))
-    dist.destroy_process_group()
-
-
-def _main(schedule: str, rf: bool) -> None:
-    import multiprocessing
-    import tempfile
-
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    init = tempfile.mktemp()
-    procs = [ctx.Process(target=_rank, args=(r, schedule, rf, init, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(queue.get(timeout=200) for _ in range(4))
-    for p in procs:
-        p.join(60)
-    print(json.dumps(got))
-
-
-if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2] == "1")
