@@ -301,6 +301,27 @@ def test_torchtitan_batch_error_names_the_file_keys(tmp_path, capsys):
                                 "x dp 512 = 512; use a multiple of 512 (512)")
 
 
+def test_torchtitan_batch_error_with_pp(tmp_path, capsys):
+    """nc57 #3: 70B pp 2 x tp 8 on 8 dgx-h100 (dp_shard -1 = 64 / 16 = 4), local_batch_size 4,
+    global_batch_size 100: torchtitan asserts 100 % (4 x 4) == 0 (v0.2.2 train.py:203); with pp the
+    micro-batch is pipeline_parallel_microbatch_size 1, so meshplan's rule on micro_batch x dp (100 / 4)
+    passed, the note said "100 = 6 x local_batch_size 4 x dp 4" (96) and plan blamed pp_schedule_runs.
+    Now the file's keys and the multiples of 16 around 100: 96 (6 steps) or 112 (7)."""
+    job = tmp_path / "gb.toml"
+    job.write_text(GB.replace('flavor = "8B"', 'flavor = "70B"').replace("local_batch_size = 1", "local_batch_size = 4")
+                   .replace("global_batch_size = 256", "global_batch_size = 100")
+                   + 'tensor_parallel_degree = 8\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "1F1B"\n'
+                   + "pipeline_parallel_microbatch_size = 1\n")
+    assert _main("plan", job, "--cluster", "dgx-h100", "--nodes", 8) == 2
+    assert _err(capsys)[-1] == ("error: training.global_batch_size: 100 is not divisible by training.local_batch_size 4 "
+                                "x dp 4 = 16; use a multiple of 16 (96 or 112)")
+    job.write_text(job.read_text().replace("global_batch_size = 100", "global_batch_size = 96"))
+    _main("plan", job, "--cluster", "dgx-h100", "--nodes", 8)   # 96 = 6 x 16: read, 6 schedules of 4
+    out = capsys.readouterr()
+    assert "training.global_batch_size 96 = 6 x local_batch_size 4 x dp 4: torchtitan runs 6 gradient-accumulation " \
+           "steps, each a pipeline schedule of 4 micro-batches" in out.out + out.err and "error:" not in out.err
+
+
 def test_torchtitan_experts_fix_names_expert_parallel_degree(mx, capsys):
     """Mixtral's 8 experts at ep 16 (dp_shard -1 = 32 on 4 nodes): the fix offers ep 2, 4, 8 (the
     divisors of 8 other than 16 that divide the dense block 32) as the key to set, not mesh.shape."""

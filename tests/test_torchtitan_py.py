@@ -132,6 +132,38 @@ def test_an_unknown_field_is_one_line_naming_the_close_one(tmp_path):
                     "mean seq_len?")
 
 
+def test_an_unknown_trainer_field_is_refused_not_skipped(tmp_path):
+    """nc57 #1: Trainer.Config(parallel_config=ParallelismConfig(...)) is no field of torchtitan's
+    Trainer.Config (torchtitan/trainer.py: 9810191 lines 57-76, b5bcd76 70-91; a dataclass, which raises
+    TypeError): it was listed as unused and the job planned as pure FSDP. Now one line listing the fields
+    (no close one: difflib's ratio of parallel_config to parallelism is 2 x 9 / 26 = 0.69 < 0.75);
+    activation_checkpointing= gets activation_checkpoint."""
+    body = JOB.replace("parallelism=ParallelismConfig", "parallel_config=ParallelismConfig")
+    line = _error(_registry(tmp_path, body.format("seq_len=8192", "tensor_parallel_degree=8")))
+    assert line.startswith("parallel_config: not a field of torchtitan's Trainer.Config (9810191 or b5bcd76); its "
+                           "fields: model_spec, hf_assets_path, ")
+    assert ", parallelism, " in line
+    body = JOB.replace("parallelism=ParallelismConfig({})", "activation_checkpointing=ActivationCheckpointConfig()")
+    line = _error(_registry(tmp_path, body.format("seq_len=8192")))
+    assert line == ("activation_checkpointing: not a field of torchtitan's Trainer.Config (9810191 or b5bcd76); did "
+                    "you mean activation_checkpoint?")
+
+
+def test_the_model_folder_is_the_files_own_however_the_path_is_typed(tmp_path, monkeypatch):
+    """nc57 #2: ``from . import model_registry`` takes torchtitan's model from the file's folder. Read
+    as a bare file name from inside a qwen3/ folder the folder was '' and the job was planned as the
+    default llama3; now the path is resolved: qwen3's flavor 8B is refused as it is by its full path,
+    and a llama3/ folder gives llama3-8b either way."""
+    for model, catalog in (("llama3", "llama3-8b"), ("qwen3", None)):
+        path = _registry(tmp_path, JOB.format("seq_len=8192", ""), model=model)
+        monkeypatch.chdir(path.parent)
+        for p in (path, Path(path.name), Path("..") / model / path.name):
+            if catalog:
+                assert _read(p, None, cluster="dgx-h100", nodes=1).tables["model"]["catalog"] == catalog
+            else:
+                assert _error(p).startswith("model_spec: torchtitan model 'qwen3' flavor '8B' is not one meshplan maps")
+
+
 def test_several_functions_need_config_and_a_wrong_name_gets_the_close_one():
     """The registry holds two functions: without --config the line lists them; a near name is offered."""
     line = _error(REGISTRY)
@@ -184,6 +216,20 @@ def test_cli_import_and_step_of_a_registry(tmp_path, capsys):
     assert _main("import", "torchtitan", DATA / "nc53" / "tt_8b_128k.toml", "--config", "x", "--cluster",
                  "dgx-h100", "--nodes", 2) == 2
     assert "--config: only for a torchtitan config_registry.py" in capsys.readouterr().err
+
+
+def test_a_torchtitan_override_on_the_command_line_says_where_to_write_it(capsys):
+    """nc57 #5: ``--parallelism.tensor_parallel_degree 8`` (torchtitan's tyro override) was click's
+    "No such option ...; see --help": now one line saying overrides are not read and where the value
+    goes in the file; another unknown option keeps click's words."""
+    assert _main("import", "auto", REGISTRY, "--config", "llama3_8b", "--cluster", "dgx-h100", "--nodes", 2,
+                 "--parallelism.tensor_parallel_degree", 8) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --parallelism.tensor_parallel_degree: torchtitan's command-line overrides are not read; fix: write it "
+        "in the job file: config.parallelism.tensor_parallel_degree = VALUE in the config function (config_registry.py), "
+        "or tensor_parallel_degree under [parallelism] in a job TOML")
+    assert _main("plan", REGISTRY, "--nodez", 3) == 2
+    assert "No such option: --nodez" in capsys.readouterr().err
 
 
 def test_torchtitans_config_dump_is_refused_naming_the_registry(tmp_path):

@@ -40,7 +40,27 @@ def usage_error(e, argv: Sequence[str] = ()) -> tuple[str, str]:
              getattr(e, "option_name", None) or (e.ctx.command_path if e.ctx is not None else "usage"))
     cmd = e.ctx.command_path if e.ctx is not None else "meshplan"
     msg = _not_a_number(field, getattr(e, "message", msg), argv) or msg
-    return printable(str(field)), printable(f"{msg.rstrip('.')}; see {cmd} --help")
+    override = _torchtitan_override(str(field), msg)
+    return printable(str(field)), printable(override or f"{msg.rstrip('.')}; see {cmd} --help")
+
+
+def _torchtitan_override(option: str, message: str) -> Optional[str]:
+    """What meshplan says of an unknown option spelt as torchtitan's command-line override of a config
+    field (``--parallelism.tensor_parallel_degree 8``: tyro over the config function's result, or
+    v0.2.2's ``--section.key``), None for another (newcomer trial nc57 #5): meshplan reads the file,
+    not the overrides, so the fix is to write the value there.
+
+    >>> print(_torchtitan_override("--parallelism.tensor_parallel_degree", "No such option: --parallelism.tensor_parallel_degree"))
+    torchtitan's command-line overrides are not read; fix: write it in the job file: config.parallelism.tensor_parallel_degree = VALUE in the config function (config_registry.py), or tensor_parallel_degree under [parallelism] in a job TOML
+    >>> _torchtitan_override("--nodez", "No such option: --nodez") is None
+    True
+    """
+    name = option[2:].split("=", 1)[0] if option.startswith("--") else ""
+    section, _, key = name.rpartition(".")
+    if not message.startswith("No such option") or not section or not key:
+        return None
+    return (f"torchtitan's command-line overrides are not read; fix: write it in the job file: config.{name} = VALUE "
+            f"in the config function (config_registry.py), or {key} under [{section}] in a job TOML")
 
 
 #: The message typer (0.2x, which converts option values with pydantic) gives a number that

@@ -249,6 +249,25 @@ def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict
     return mesh | _pipeline(par, deg["pp"], layers, notes)
 
 
+def _accumulation_divides(global_batch: int, local: int, dp: int) -> None:
+    """torchtitan's assertion that the global batch is whole gradient-accumulation steps of
+    ``local_batch_size x dp`` (v0.2.2 ``torchtitan/train.py``:203, ``batch_degree`` = dp_replicate x
+    dp_shard), checked where dp is known (``dp_shard`` -1 on an unknown world: meshplan's own rule then).
+    With pp the micro-batch is ``pipeline_parallel_microbatch_size``, so meshplan's rule on it would
+    not see it (newcomer trial nc57 #3: 100 of local 4 x dp 4 was noted as 6 steps of 16).
+
+    >>> _accumulation_divides(96, 4, 4)
+    >>> _accumulation_divides(100, 4, 4)
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: training.global_batch_size: 100 is not divisible by training.local_batch_size 4 x dp 4 = 16; use a multiple of 16 (96 or 112)
+    """
+    n = local * dp
+    if dp > 0 and global_batch % n:
+        near = [m for m in (global_batch // n * n, global_batch // n * n + n) if m > 0]
+        raise ConfigError("training.global_batch_size", f"{global_batch} is not divisible by training.local_batch_size "
+                          f"{local} x dp {dp} = {n}; use a multiple of {n} ({' or '.join(map(str, near))})")
+
+
 def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, model: dict,
               notes: list[str], revision: str = "238fa99") -> dict[str, Any]:
     """[training]: batch (torchtitan's global = local x dp unless given), sequence, sharding
@@ -260,6 +279,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     micro = positive_int(par.get("pipeline_parallel_microbatch_size", 1),
                          "parallelism.pipeline_parallel_microbatch_size") if deg["pp"] > 1 else local
     fsdp = shard * deg["cp"] > 1
+    _accumulation_divides(global_batch, local, deg["dp_replicate"] * shard)
     accum = global_batch // max(local * deg["dp_replicate"] * shard, 1)
     if deg["pp"] > 1 and accum > 1:
         notes.append(f"training.global_batch_size {global_batch} = {accum} x local_batch_size {local} x dp "

@@ -82,6 +82,11 @@ FIELDS = {
     "Float8LinearConverter.Config": "enable_fsdp_float8_all_gather precompute_float8_dynamic_scale_for_fsdp "
                                     "recipe_name filter_fqns emulate model_compile_enabled",
 }
+#: The fields of torchtitan's ``Trainer.Config`` (``torchtitan/trainer.py``: 9810191 lines 57-76, b5bcd76
+#: lines 70-91): another keyword is an error, as the dataclass raises.
+TRAINER_FIELDS = ("model_spec hf_assets_path dump_folder profiling profiler metrics tokenizer dataloader model_converters "
+                  "optimizer lr_scheduler training parallelism checkpoint activation_checkpoint compile comm validator "
+                  "debug override loss").split()
 #: Trainer.Config field -> the class it holds, where meshplan reads its fields.
 SECTIONS = {"training": "TrainingConfig", "parallelism": "ParallelismConfig", "compile": "CompileConfig"}
 #: b5bcd76's names (module docstring), each marking a file in its layout; 9810191's: OLD.
@@ -162,7 +167,7 @@ def _model(tree: Built, text: str, path: Path) -> tuple[dict, list]:
     flavor = _literal(spec.args[0], "model_spec")
     source = imported_from(text, str(path), spec.name.split(".")[0]) or ""
     parts = source.split(".")
-    name = path.parent.name if source.startswith(".") else parts[2] if parts[:2] == ["torchtitan", "models"] and \
+    name = path.resolve().parent.name if source.startswith(".") else parts[2] if parts[:2] == ["torchtitan", "models"] and \
         len(parts) > 2 else None
     model = {"flavor": flavor} | ({"name": name} if name else {})
     if "moe_comm_backend" in spec.kwargs:  # b5bcd76 models/deepseek_v3/__init__.py:616-629 (7cec166 moved it there)
@@ -297,6 +302,11 @@ def job_dict(tree: Built, text: str, path: Path, notes: list[str]) -> tuple[dict
         return _tables(tree, ""), "238fa99"
     if not tree.name.endswith("Config"):
         raise ConfigError("config", f"{path}: the function returns {tree.name}(...), not a Trainer.Config(...)")
+    for key in tree.kwargs:
+        if key not in TRAINER_FIELDS:
+            near = closest(key, TRAINER_FIELDS)
+            raise ConfigError(key, "not a field of torchtitan's Trainer.Config (9810191 or b5bcd76)" + (
+                f"; did you mean {near}?" if near else f"; its fields: {', '.join(TRAINER_FIELDS)}"))
     d = {s: _section(tree.kwargs[s], s, cls) for s, cls in SECTIONS.items() if s in tree.kwargs}
     model, items = _model(tree, text, path)
     ac, ac_layout = _activation(tree)
