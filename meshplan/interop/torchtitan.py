@@ -144,6 +144,7 @@ from meshplan.interop.torchtitan_ep import read_backend, read_etp
 from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, mixed_note, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
+from meshplan.mesh.validity import nearest_multiples
 from meshplan.interop.torchtitan_tables import (
     kv_heads_read,
     MULTI_STAGE,
@@ -263,7 +264,7 @@ def _accumulation_divides(global_batch: int, local: int, dp: int) -> None:
     """
     n = local * dp
     if dp > 0 and global_batch % n:
-        near = [m for m in (global_batch // n * n, global_batch // n * n + n) if m > 0]
+        near = nearest_multiples(global_batch, n)
         raise ConfigError("training.global_batch_size", f"{global_batch} is not divisible by training.local_batch_size "
                           f"{local} x dp {dp} = {n}; use a multiple of {n} ({' or '.join(map(str, near))})")
 

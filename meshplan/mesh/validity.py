@@ -160,13 +160,23 @@ def input_error(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: Mesh
     q = mb * dp
     if gb % q == 0:
         return None
-    near = [n for n in ((gb // q) * q, (gb // q + 1) * q) if n > 0]
+    near = nearest_multiples(gb, q)
     per = gb // dp if gb % dp == 0 else 0  # sequences per dp rank: micro_batch must divide it
     small = [k for k in range(1, isqrt(per) + 1) if per % k == 0]
     mbs = sorted({d for k in small for d in (k, per // k)}, key=lambda k: (abs(k - mb), k))[:2]
     alt = f", or micro_batch {' or '.join(map(str, sorted(mbs)))}" if mbs else ""
     return ConfigError("training.global_batch", f"{gb} is not divisible by micro_batch {mb} x dp {dp} = {q}; use a "
                        f"multiple of {q} ({' or '.join(map(str, near))}){alt}")
+
+
+def nearest_multiples(n: int, q: int) -> list[int]:
+    """The positive multiples of ``q`` either side of ``n`` (the ``use a multiple of`` of a batch
+    that does not divide).
+
+    >>> nearest_multiples(1000, 256), nearest_multiples(256, 512)
+    ([768, 1024], [512])
+    """
+    return [m for m in ((n // q) * q, (n // q + 1) * q) if m > 0]
 
 
 def even_split(layers: int, pp: int) -> list[int]:
