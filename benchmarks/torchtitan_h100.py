@@ -279,6 +279,13 @@ the reduce-scatter's output is saved, so nothing in backward reads them): 73.6 m
 torchtitan's op policy, checkpointed and compiled, re-runs in backward the second mm, which
 relu's backward reads, not the fourth, which no backward op reads.
 
+**Float8 at the micro level** (issue 11): torchao's float8 microbenchmark on the part
+(``benchmarks/float8_micro.py``) showed the float8 backward GEMMs planned too fast: the catalog's fp8
+rows are fast-accumulation rates, torchao runs the data- and weight-gradient GEMMs without it; x 1.286
+there (kernels.toml ``fp8_no_fast_accum_slowdown``, derived from that table alone): every float8 row
+0.8-11.2 points lower (T1 fp8 +9.0% -> +2.1%, A8 fp8tw +19.2% -> +13.5%, T5 1F1B +25.1% -> +13.9%), the
+bf16 rows and ``--node dgx-h100`` unchanged; mean |error| 16.5% -> 12.3% (docs/fidelity.md).
+
 **Memory** (the last column). Tables 1-5 publish torchtitan's logged memory, the caching
 allocator's peak *reserved* bytes (9dec370 ``train.py`` line 393, ``metrics.py`` line 62:
 ``reserved_bytes.all.peak``) of the rank it logs (``run_llama_train.sh`` line 14: ``LOG_RANK`` 0,

@@ -35,8 +35,8 @@ def test_hopper_parts_get_the_h100_evidence():
 
 def test_h200_plan_prints_the_h100_evidence_measured_on_h100(capsys):
     """#1: ``plan`` of the trial's 1,536-H200 Megatron-LM job (tp 8, pp 16, no fp8, no TP overlap) printed
-    only the generic MFU note. Now its note names torchtitan's H100 figures (FIDELITY: mean 16.5%, +2% to
-    +42%) and its pp rows (pp 16 > 1: +20% to +25%), saying no H200 step was measured and the evidence is
+    only the generic MFU note. Now its note names torchtitan's H100 figures (FIDELITY: mean 12.3%, +1% to
+    +41%, since float8's backward GEMMs run without fast accumulation) and its pp rows (pp 16 > 1: +10% to +14%), saying no H200 step was measured and the evidence is
     H100's."""
     rc, out, _ = _run(["plan", DATA / "b_h200_core.toml"], capsys)
     text = " ".join(out.split())  # the text wraps its lines

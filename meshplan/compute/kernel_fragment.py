@@ -186,9 +186,12 @@ def with_fragment(data: KernelData, frag: KernelFragment) -> KernelData:
     """``data`` with ``frag`` laid over it: the fragment's GEMM dtypes replace those dtypes'
     points; its attention rows come before the catalog's, its ``prefer`` first, before the
     framework's kernels too (``KernelData.first``: measured on the run's GPU); its ``[host]`` pace
-    replaces the host pace, sourced ``your kernels file FILE``."""
+    replaces the host pace, sourced ``your kernels file FILE``. Its own fp8 points drop the
+    catalog's ``fp8_no_fast_accum`` factor (which is relative to the catalog's fast-accumulation rows)."""
     mine = frag.prefer if frag.attention else ()
+    accum = 1.0 if "fp8" in frag.gemm else data.fp8_no_fast_accum
     out = replace(data, gemm={**data.gemm, **frag.gemm}, attention=frag.attention + data.attention,
+                  fp8_no_fast_accum=accum,
                   prefer=tuple(dict.fromkeys(frag.prefer + data.prefer)),
                   first=tuple(dict.fromkeys(mine + data.first)),
                   source=f"{data.source}; overlaid by {frag.source}")

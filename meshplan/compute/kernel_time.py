@@ -76,19 +76,47 @@ def gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale:
         n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase, w.plain_tp_float8 and dtype == "fp8") if w.sp else 0
         if n:  # async TP: n GEMMs of M / n rows, each at its own shape (and launch floor)
             e = gemm_time(gpu, asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype, gg.count, table)
-            t = n * issue_floor(gpu, e.seconds * asynctp.sm_margin(w.async_tp, gg.name, phase, gpu.sms))
+            slow = no_fast_accum_factor(gpu, dtype, phase, w, e.source)
+            t = n * issue_floor(gpu, e.seconds * slow * asynctp.sm_margin(w.async_tp, gg.name, phase, gpu.sms))
             out.append(Op(gg.name, block, phase, "gemm", t, gg.flops * model_scale, gg.flops,
                           note=f"async TP ({w.async_tp}): {n} pieces of {e.explanation}",
                           table_key=(asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype)))
             continue
         e = gemm_time(gpu, gg.m, gg.n, gg.k, dtype, gg.count, table)
-        t, note = e.seconds, e.explanation
+        slow = no_fast_accum_factor(gpu, dtype, phase, w, e.source)
+        t, note = e.seconds * slow, e.explanation + (f"; x{slow:g}: no fast accumulation" if slow != 1.0 else "")
         if phase == "backward_weight" and w.fp32_wgrad_accumulation and weight:
             t, how = wgrad_accumulate_s(gpu, gg, dtype, t)
             note += how
         out.append(Op(gg.name, block, phase, "gemm", issue_floor(gpu, t), gg.flops * model_scale,
                       gg.flops, note=note, table_key=(gg.m, gg.n, gg.k, dtype)))
     return out
+
+
+def no_fast_accum_factor(gpu: GPUSpec, dtype: str, phase: str, w: Workload, source: str) -> float:
+    """Time factor of a float8 GEMM of ``phase`` that runs without fast accumulation, against the
+    catalog's fp8 points (``source`` "catalog"), which were timed with it: the cuBLASLt rows (S3,
+    Azure AI-benchmarking-guide's ``cublaslt_gemm`` of superbenchmark, whose ``cublasLtGemm::Setup``
+    sets ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` to 1 for fp8 operands). torchao's float8 Linears run
+    the data- and weight-gradient GEMMs without it in both recipes (pytorch/ao fdddb2c and eab345c
+    ``torchao/float8/config.py``: ``gemm_config_output = Float8GemmConfig(use_fast_accum=True)``,
+    ``gemm_config_grad_input`` and ``gemm_config_grad_weight`` default ``use_fast_accum=False``),
+    so those two take the GPU's measured factor (kernels.toml ``fp8_no_fast_accum_slowdown``; 1
+    where not measured); the forward GEMM, a user's measured GEMM (``source`` "measured") and
+    Megatron-LM's Transformer Engine GEMMs (``w.megatron_ops``: not checked here) take 1.
+
+    >>> from meshplan import catalog
+    >>> w = Workload(seq_len=8192, micro_batch=1, linear_dtype="fp8", float8_gemms=frozenset({"wq"}))
+    >>> part = catalog.gpu("h100-hbm2e-96gb-500w")
+    >>> [no_fast_accum_factor(part, "fp8", p, w, "catalog") for p in PHASES]
+    [1.0, 1.286, 1.286]
+    >>> no_fast_accum_factor(part, "bf16", "backward_input", w, "catalog"), no_fast_accum_factor(part, "fp8", "backward_input", w, "measured")
+    (1.0, 1.0)
+    """
+    if dtype != "fp8" or phase == "forward" or source != "catalog" or w.megatron_ops:
+        return 1.0
+    data = kernel_data(gpu)
+    return 1.0 if data is None else data.fp8_no_fast_accum
 
 
 def wgrad_accumulate_s(gpu: GPUSpec, wgrad: Gemm, dtype: str, gemm_s: float) -> tuple[float, str]:

@@ -106,7 +106,10 @@ class KernelData:
     framework's choice included: torch's SDPA timed on the GPU is what the framework runs there.
     ``copy_engine_gemm``: (slowdown, seconds a call) of async TP's GEMMs beside copy-engine pulls,
     measured on this GPU (kernels.toml ``copy_engine_gemm_slowdown``, ``copy_engine_call_s``;
-    :func:`meshplan.compute.asynctp.copy_engine_terms`), (0, 0) where not measured."""
+    :func:`meshplan.compute.asynctp.copy_engine_terms`), (0, 0) where not measured.
+    ``fp8_no_fast_accum``: the time factor of a float8 GEMM run without fast accumulation against
+    this GPU's fp8 points, which were timed with it (kernels.toml ``fp8_no_fast_accum_slowdown``;
+    :func:`meshplan.compute.kernel_time.no_fast_accum_factor`), 1 where not measured."""
 
     gpu: str
     gemm: dict
@@ -122,6 +125,7 @@ class KernelData:
     dtensor_tp_source: str = CATALOG_HOST_PACE
     bmm_head_dim: Optional[BmmHeadDim] = None
     copy_engine_gemm: tuple[float, float] = (0.0, 0.0)
+    fp8_no_fast_accum: float = 1.0
 
 
 @lru_cache(maxsize=None)
@@ -143,7 +147,8 @@ def kernel_data(gpu_name: str) -> Optional[KernelData]:
                       dtensor_tp_block_s=(raw["host"].get("dtensor_tp_block_forward_s", 0.0),
                                           raw["host"].get("dtensor_tp_block_backward_s", 0.0)),
                       bmm_head_dim=_bmm_head_dim(raw.get("bmm_head_dim")),
-                      copy_engine_gemm=(raw.get("copy_engine_gemm_slowdown", 0.0), raw.get("copy_engine_call_s", 0.0)))
+                      copy_engine_gemm=(raw.get("copy_engine_gemm_slowdown", 0.0), raw.get("copy_engine_call_s", 0.0)),
+                      fp8_no_fast_accum=raw.get("fp8_no_fast_accum_slowdown", 1.0))
 
 
 def _bmm_head_dim(raw: Optional[dict]) -> Optional[BmmHeadDim]:
