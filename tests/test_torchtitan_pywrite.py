@@ -206,14 +206,15 @@ def test_from_a_plan_the_py_suffix_writes_b5bcd76s_names(tmp_path, capsys):
 
 
 def test_what_cannot_be_written_is_one_line_and_nothing_is_overwritten(tmp_path, capsys):
-    """Layer SAC every 2nd layer has no b5bcd76 class (c5d93d1); -o's suffix against the revision;
+    """Layer SAC every 2nd layer has no b5bcd76 class (c5d93d1: -o FILE.py of a plan writes b5bcd76's names); -o's suffix against the revision;
     --name for a job TOML or not a Python name; an existing -o is refused (as every export's)."""
     def err(*argv):
         code = _main("export", *argv)
         return code, capsys.readouterr().err.strip().splitlines()
 
-    code, lines = err(REGISTRY, "--config", "llama3_8b_tp2", *H100, 1, "--to", "torchtitan", "-o",
-                      tmp_path / "a.py", "--torchtitan-revision", "b5bcd76")
+    plan = tmp_path / "tp2.toml"  # the 9810191 job imported: layer SAC every 2nd layer (ac_freq 2)
+    assert _main("import", "torchtitan", REGISTRY, "--config", "llama3_8b_tp2", *H100, 1, "-o", plan) == 0
+    code, lines = err(plan, "--to", "torchtitan", "-o", tmp_path / "a.py")
     assert code == 2 and lines[-1].startswith("error: --torchtitan-revision: activation_checkpoint mode 'selective', "
                                               "selective_ac_option '2': torchtitan b5bcd76 has op-level SAC")
     code, lines = err(B5, *H100, 1, "--config", "llama3_8b_tp2", "--to", "torchtitan", "-o", tmp_path / "a.toml",
@@ -290,3 +291,17 @@ def test_fields_set_on_torchtitans_default_objects(tmp_path, capsys):
                                                     "(config.dataloader.dataset = ...), whose class meshplan does not "
                                                     "know here: write dataloader=ClassName.Config(...) in the source "
                                                     "to export it")
+
+
+def test_another_revisions_names_for_a_registry_are_refused_and_the_toml_says_how(tmp_path, capsys):
+    """A 9810191 function asked for in b5bcd76's names: its kept values (OptimizersContainer.Config(name=,
+    lr=), which b5bcd76's optimizer has no field for) cannot follow, one line says what to do; its
+    job TOML (-o FILE.toml) names -o FILE.py in a note."""
+    code = _main("export", REGISTRY, "--config", "llama3_8b_128k", *H100, 4, "--to", "torchtitan", "-o",
+                 tmp_path / "x.py", "--torchtitan-revision", "b5bcd76")
+    out = capsys.readouterr()
+    assert code == 2 and out.err.strip().splitlines()[-1].startswith(
+        "error: --torchtitan-revision: b5bcd76: config_registry.py.txt is written in torchtitan 9810191's names")
+    assert _main("export", REGISTRY, "--config", "llama3_8b_128k", *H100, 4, "--to", "torchtitan", "-o",
+                 tmp_path / "x.toml") == 0
+    assert "-o FILE.py writes its function back in its own names" in capsys.readouterr().out

@@ -178,8 +178,11 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
         raise bad
     user, gone = carried_source(config, foreign.fmt, cfg)
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
-    pyjob = target(out, revision, name, config, cfg.origin == "torchtitan" and is_python_job(config, config_text(config)),
-                   foreign.options().job_config) if to == "torchtitan" else None
+    python = cfg.origin == "torchtitan" and is_python_job(config, config_text(config))
+    pyjob = target(out, revision, name, config, python, foreign.options().job_config) if to == "torchtitan" else None
+    if python and to == "torchtitan" and pyjob is None:  # nc57 #6: the job TOML asked for by -o's suffix
+        _echo(f"note: {config.name} is torchtitan's Python config; this job TOML carries none of its other values: "
+              f"-o FILE.py writes its function back in its own names, keeping them")
     header, files = _write_export(cfg, to, out, str(config), force, user, gone, pyjob)
     _write_doc(json_path, export_doc(str(config), to, header, _written(files)), force)
 

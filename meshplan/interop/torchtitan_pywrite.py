@@ -124,13 +124,19 @@ def target(out: Any, revision: Optional[str], name: Optional[str], config: Path,
     """The Python file ``export --to torchtitan`` writes, None for a v0.2.2 job TOML. The revision:
     ``--torchtitan-revision``; else ``-o``'s suffix (``.toml``: the job TOML; ``.py``: the source's
     names, b5bcd76's for a plan or job TOML); else (``-o -``) the source's, a job TOML from any
-    other. ConfigError naming the option where ``-o``'s suffix says the other format, or ``--name``
-    is no Python name or is given for a job TOML."""
+    other. ConfigError naming the option where ``-o``'s suffix says the other format, where a
+    ``config_registry.py`` is asked for in another revision's names, or ``--name`` is no Python name
+    or is given for a job TOML."""
     if revision is not None and revision not in REVISIONS:
         raise ConfigError("--torchtitan-revision", f"{revision!r}; use {', '.join(REVISIONS)}")
     suffix = out.suffix if isinstance(out, Path) else None
     own = source_revision(config, function) if python_source else None
     rev = revision or ("v0.2.2" if suffix == ".toml" else own or ("b5bcd76" if suffix == ".py" else "v0.2.2"))
+    if own and rev != "v0.2.2" and rev != own:  # its other values are in its own revision's classes
+        raise ConfigError("--torchtitan-revision", f"{rev}: {config.name} is written in torchtitan {own}'s names, and "
+                          f"the values meshplan does not plan are carried as written, in {own}'s classes (an "
+                          f"optimizer, a dataloader); give --torchtitan-revision {own}, or import the file (meshplan "
+                          f"import) and export that TOML, which carries nothing of it")
     if suffix in (".toml", ".py") and (suffix == ".toml") != (rev == "v0.2.2"):
         want = out.with_suffix(".toml" if rev == "v0.2.2" else ".py")
         raise ConfigError("-o", f"{out}: torchtitan {rev} reads " + ("a job TOML" if rev == "v0.2.2" else
