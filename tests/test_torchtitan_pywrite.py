@@ -305,3 +305,29 @@ def test_another_revisions_names_for_a_registry_are_refused_and_the_toml_says_ho
     assert _main("export", REGISTRY, "--config", "llama3_8b_128k", *H100, 4, "--to", "torchtitan", "-o",
                  tmp_path / "x.toml") == 0
     assert "-o FILE.py writes its function back in its own names" in capsys.readouterr().out
+
+
+def test_from_a_job_toml_two_keys_are_carried_and_the_others_named(tmp_path, capsys):
+    """tests/data/nc53/tt_8b_128k.toml (v0.2.2: 8B, 128k, cp 16 x tp 2 on 16 dgx-h200, world 128: dp_shard
+    128 / 32 = 4) as 9810191's Python: hf_assets_path and training.steps 2000 have the same field there and
+    are carried; [lr_scheduler], dump_folder, optimizer.lr, training.dataset (a dataloader's since
+    9810191) and the rotate method (its default, allgather) are named in one line, not carried. The plan
+    comes back but for float8 TP: v0.2.2 leaves it off for the converter named "quantize.linear.float8"
+    (the TOML's import: fp8_tp false), 9810191 applies it for any Float8LinearConverter
+    (models/llama3/parallelize.py:90-100), which the header's round trip says."""
+    toml, out = DATA / "nc53" / "tt_8b_128k.toml", tmp_path / "cpt.py"
+    assert _main("export", toml, "--cluster", "dgx-h200", "--nodes", 16, "--to", "torchtitan", "-o", out,
+                 "--torchtitan-revision", "9810191") == 0
+    err = capsys.readouterr().out
+    assert "not carried from " in err and err.split("not carried from ")[1].split("\n")[0].endswith(
+        "(torchtitan v0.2.2's keys; write them in the function by hand): [lr_scheduler], job.dump_folder, "
+        "optimizer.lr, training.dataset, parallelism.context_parallel_rotate_method")
+    _, _, kw = _run(out, "tt_8b_128k")  # named after the TOML
+    assert kw["hf_assets_path"] == "./assets/hf/Llama-3.1-8B" and kw["training"][2]["steps"] == 2000
+    par = kw["parallelism"][2]
+    assert (par["data_parallel_shard_degree"], par["context_parallel_degree"], par["tensor_parallel_degree"]) == \
+        (4, 16, 2)
+    a = load_any(toml, "torchtitan", ImportOptions(cluster="dgx-h200", nodes=16))
+    b = load_any(out, "torchtitan", ImportOptions(cluster="dgx-h200", nodes=16, job_config="tt_8b_128k"))
+    assert differences(a, b) == ["training.fp8_tp: False -> True"]
+    assert "not expressed in torchtitan: training.fp8_tp: False -> True" in err

@@ -187,7 +187,8 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         return dumps(meshplan_tables(cfg), tuple(head)), head
     head.append(_import_line(to, opts, cfg) + (f" --config {py.name}" if to == "torchtitan" and py else ""))
     if to == "torchtitan" and py is not None:
-        body, again, lines = torchtitan_pywrite.py_file(cfg, source, py, opts)
+        body, again, lines = torchtitan_pywrite.py_file(cfg, source, py, opts, user.doc if user is not None and
+                                                        user.fmt == "torchtitan" else None)
     elif to == "torchtitan":
         body, again, lines = torchtitan_file(cfg, source, user, opts)
     elif to == "megatron":

@@ -38,7 +38,7 @@ from typing import Any, Optional
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop import torchtitan_carry, torchtitan_write
-from meshplan.interop.common import Imported, ImportOptions
+from meshplan.interop.common import Imported, ImportOptions, flatten
 from meshplan.interop.torchtitan import READ
 from meshplan.interop.torchtitan_py import Built, Opaque, function_tree
 from meshplan.interop.torchtitan_pycode import code, header_code, literal
@@ -349,6 +349,23 @@ def unset_note(tree: Built) -> list[str]:
             + ", ".join(f"{k} ({RUN_DEFAULTS[k]})" for k in unset)] if unset else []
 
 
+#: Keys of a torchtitan job TOML (v0.2.2) carried into a Python config: the same field in 9810191 and b5bcd76
+#: (``Trainer.Config.hf_assets_path``, ``TrainingConfig.steps``); its other keys are listed, not carried.
+TOML_KEPT = ("model.hf_assets_path", "training.steps")
+
+
+def _toml_kept(toml: dict, tables: dict) -> dict:
+    """``tables`` with :data:`TOML_KEPT` of the user's job TOML ``toml`` (the hf folder while the model
+    is still the user's: :func:`~meshplan.interop.torchtitan_carry.carried` decides)."""
+    carried = flatten(torchtitan_carry.carried(toml, tables)[0])
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in tables.items()}
+    for key in TOML_KEPT:
+        if key in carried:
+            table, _, name = key.partition(".")
+            out.setdefault(table, {})[name] = carried[key]
+    return out
+
+
 def _target_line(target: PyTarget, model: str) -> str:
     return (f"target: torchtitan {target.revision} on (a Python config: {target.name}() returns its Trainer.Config in "
             f"{target.revision}'s field names): run it with --module MODULE --config {target.name}, MODULE this file's "
@@ -356,12 +373,15 @@ def _target_line(target: PyTarget, model: str) -> str:
             f"own registries: add the function to torchtitan/models/{model}/config_registry.py and give --module {model}")
 
 
-def py_file(cfg: Config, source: str, target: PyTarget, opts: ImportOptions) -> tuple[str, Imported, list[str]]:
+def py_file(cfg: Config, source: str, target: PyTarget, opts: ImportOptions,
+            toml: Optional[dict] = None) -> tuple[str, Imported, list[str]]:
     """(the Python job config of ``cfg``, its re-import, the header's lines): module docstring. The
     header names what was carried from the source function, what of it is written otherwise, the
     notes of :func:`~meshplan.interop.torchtitan_write.write_notes` and what no value states
-    (:func:`unset_note`). ConfigError naming ``-o`` for a model whose flavor torchtitan does not
-    ship (the job TOML's flavor file has no Python-config counterpart here)."""
+    (:func:`unset_note`); from a torchtitan job TOML (``toml``, parsed), the keys meshplan does not
+    plan that it holds, not carried (v0.2.2's keys are not all 9810191's or b5bcd76's fields). ConfigError
+    naming ``-o`` for a model whose flavor torchtitan does not ship (the job TOML's flavor file has
+    no Python-config counterpart here)."""
     custom = torchtitan_write.custom_flavor(cfg)
     if custom is not None:
         raise ConfigError("-o", f"model.flavor {custom.name!r} is no flavor torchtitan ships and a Python config "
@@ -373,11 +393,18 @@ def py_file(cfg: Config, source: str, target: PyTarget, opts: ImportOptions) -> 
         _, tree = function_tree(text, str(target.path), target.function)
         doc = job_dict(copy.deepcopy(tree), text, target.path, [])[0]
     tables, _ = torchtitan_carry.carried(doc, written) if doc is not None else (written, [])
+    if toml is not None and doc is None:  # a job TOML's: the keys both revisions have the same field for
+        tables = _toml_kept(toml, tables)
     tables, ac_notes = torchtitan_carry.kept_recompute(doc, tables, cfg) if doc is not None else (tables, [])
     out, spec, kept = written_tree(tree, tables, target.revision)
     model = tables["model"].get("name", "llama3")
     head = [_target_line(target, model)]
     head += [f"carried unchanged from {source}: {', '.join(kept)}"] if kept else []
+    done = set(flatten(tables))
+    lost = [k for k in torchtitan_carry.carried(toml, written)[1] if k not in done] if toml is not None and \
+        target.path is None else []
+    head += [f"not carried from {source} (torchtitan v0.2.2's keys; write them in the function by hand): "
+             f"{', '.join(lost)}"] if lost else []
     moved = _compared(tree, out, spec)
     head += [f"written otherwise than {source} (the plan's value or spelling): {', '.join(moved)}"] if moved else []
     notes = torchtitan_write.write_notes(cfg, recompute_noted=bool(ac_notes))
