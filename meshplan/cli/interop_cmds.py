@@ -43,8 +43,9 @@ from meshplan.schedule.steptime import step_time
 
 #: ``export --torchtitan-revision``: which torchtitan file ``--to torchtitan`` writes (torchtitan_pywrite.target).
 REVISION_HELP = (f"--to torchtitan: {', '.join(REVISIONS)}: v0.2.2 writes the job TOML, 9810191 or b5bcd76 a Python "
-                 "config function in that torchtitan's field names (default: -o FILE.toml a job TOML; a "
-                 "config_registry.py's own names; -o FILE.py b5bcd76's)")
+                 "config function in that torchtitan's field names (default by -o: FILE.toml the job TOML, "
+                 "FILE.py the Python config in a config_registry.py's own revision, else b5bcd76; -o -: a "
+                 "config_registry.py's Python, else the job TOML)")
 
 
 def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
