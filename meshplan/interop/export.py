@@ -85,11 +85,12 @@ def reimport_options(cfg: Config, to: str) -> ImportOptions:
     return replace(opts, model=hf[1]) if hf else opts
 
 
-def _import_line(to: str, opts: ImportOptions, cfg: Config) -> str:
+def _import_line(to: str, opts: ImportOptions, cfg: Config, function: str | None = None) -> str:
     """The header's ``import with: meshplan import ...`` line; for a cluster carried whole
     (:func:`reimport_options`), the node (``NODE`` where the catalog has none of its name) and
-    this plan's ``[cluster]`` to put in the imported TOML, as no option names that cluster."""
-    tail = (f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"
+    this plan's ``[cluster]`` to put in the imported TOML, as no option names that cluster; ``function``: a
+    torchtitan Python config's (``--config``)."""
+    tail = (f" --config {function}" if function else "") + (f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"
             + (" --gradient-checkpointing" if opts.gradient_checkpointing else "") if to == "deepspeed" else
             f" --model {opts.model}" if to == "torchtitan" and opts.model else "")
     if not isinstance(opts.cluster, ClusterSpec):
@@ -185,7 +186,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     head += _not_carried(cfg, to, user)
     if to == "meshplan":
         return dumps(meshplan_tables(cfg), tuple(head)), head
-    head.append(_import_line(to, opts, cfg) + (f" --config {py.name}" if to == "torchtitan" and py else ""))
+    head.append(_import_line(to, opts, cfg, py.name if to == "torchtitan" and py else None))
     if to == "torchtitan" and py is not None:
         body, again, lines = torchtitan_pywrite.py_file(cfg, source, py, opts, user.doc if user is not None and
                                                         user.fmt == "torchtitan" else None)
