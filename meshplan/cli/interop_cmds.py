@@ -31,7 +31,7 @@ from meshplan.interop.export import export
 from meshplan.interop.export_formats import UserFile
 from meshplan.interop.foreign import import_text, load_any
 from meshplan.interop.torchtitan_custom import meshplan_snippet, snippet
-from meshplan.interop.torchtitan_pywrite import REVISIONS, PyTarget, target
+from meshplan.interop.torchtitan_pytarget import REVISIONS, PyTarget, target
 from meshplan.interop.torchtitan_write import custom_flavor
 from meshplan.interop.detect import config_text, is_python_job
 from meshplan.interop.source_file import carried_source, source_table, with_source_model

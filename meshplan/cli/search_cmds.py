@@ -42,7 +42,7 @@ from meshplan.interop.common import FORMATS
 from meshplan.interop.foreign import load_any
 from meshplan.interop.source_file import carried_source, with_source_model
 from meshplan.interop.search_export import export_pick, search_export_refusal
-from meshplan.interop.torchtitan_pywrite import target
+from meshplan.interop.torchtitan_pytarget import target
 from meshplan.interop.torchtitan_write import custom_flavor
 from meshplan.plan_capacity import checked
 from meshplan.plan_runtime import config_warnings

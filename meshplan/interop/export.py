@@ -23,6 +23,7 @@ from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.interop import deepspeed_carry, megatron, megatron_carry, torchtitan_carry, torchtitan_pywrite
+from meshplan.interop.torchtitan_pytarget import PyTarget
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
 from meshplan.interop.detect import config_text, detect, is_python_job
 from meshplan.interop.export_formats import UserFile, deepspeed_file, megatron_file, torchtitan_file
@@ -105,7 +106,7 @@ def _import_line(to: str, opts: ImportOptions, cfg: Config, function: str | None
 
 def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
            warnings: Sequence[str] = (), refused: Mapping[str, Sequence[str]] | None = None,
-           step_of: StepOf | None = None, py: torchtitan_pywrite.PyTarget | None = None) -> tuple[str, list[str]]:
+           step_of: StepOf | None = None, py: PyTarget | None = None) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
     each of ``warnings`` (``warning: ...``: what the framework's runtime does differently,
     :func:`meshplan.plan_runtime.config_warnings`), how to import the file again, and every meshplan
@@ -172,7 +173,7 @@ def _refusal(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[s
 
 def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
             warnings: tuple[str, ...] = (), refused: Mapping[str, Sequence[str]] | None = None,
-            step_of: StepOf | None = None, py: torchtitan_pywrite.PyTarget | None = None) -> tuple[str, list[str]]:
+            step_of: StepOf | None = None, py: PyTarget | None = None) -> tuple[str, list[str]]:
     """:func:`export` without the suggestion of another target: the header (the plan's source,
     its warnings, what a carried file of another format holds that is not carried), the target's
     file (:func:`~meshplan.interop.export_formats.torchtitan_file`, :func:`~meshplan.interop.export_formats.megatron_file`, :func:`~meshplan.interop.export_formats.deepspeed_file`) and what its
