@@ -31,7 +31,9 @@ from meshplan.interop.export import export
 from meshplan.interop.export_formats import UserFile
 from meshplan.interop.foreign import import_text, load_any
 from meshplan.interop.torchtitan_custom import meshplan_snippet, snippet
+from meshplan.interop.torchtitan_pytarget import REVISIONS, PyTarget, target
 from meshplan.interop.torchtitan_write import custom_flavor
+from meshplan.interop.detect import config_text, is_python_job
 from meshplan.interop.source_file import carried_source, source_table, with_source_model
 from meshplan.plan import Infeasible, build_plan
 from meshplan.plan_runtime import config_warnings, export_refusals
@@ -39,18 +41,27 @@ from meshplan.report.json_docs import export_doc, import_doc
 from meshplan.schedule.steptime import step_time
 
 
+#: ``export --torchtitan-revision``: which torchtitan file ``--to torchtitan`` writes (torchtitan_pywrite.target).
+REVISION_HELP = (f"--to torchtitan: {', '.join(REVISIONS)}: v0.2.2 writes the job TOML, 9810191 or b5bcd76 a Python "
+                 "config function in that torchtitan's field names (default by -o: FILE.toml the job TOML, "
+                 "FILE.py the Python config in a config_registry.py's own revision, else b5bcd76; -o -: a "
+                 "config_registry.py's Python, else the job TOML)")
+
+
 def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
-                  user: Optional[UserFile] = None, warnings: Sequence[str] = ()) -> tuple[list[str], list[Path]]:
+                  user: Optional[UserFile] = None, warnings: Sequence[str] = (),
+                  pyjob: Optional[PyTarget] = None) -> tuple[list[str], list[Path]]:
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
     how to import it, what the format does not express, the torchtitan or DeepSpeed settings
     ``user``'s file carries or not, ``warning:`` lines: :func:`~meshplan.plan_runtime.config_warnings`
     and ``warnings``, e.g. a gone [source] file or ``search --export``'s headroom warning), and beside a
     torchtitan job TOML naming a llama3 flavor of the model's own the ``.py`` registering it (:func:`_flavor_file`);
+    ``pyjob``: a torchtitan Python config in place of the job TOML (:func:`~meshplan.interop.torchtitan_pywrite.target`);
     returns the header and the files written."""
     refused = {t: export_refusals(cfg, t) for t in FORMATS}
     text, header = export(replace(cfg, notes=()), to, source, user, [*config_warnings(cfg), *warnings], refused,
-                          _step_s)
-    flavor = custom_flavor(cfg) if to == "torchtitan" else None
+                          _step_s, pyjob)
+    flavor = custom_flavor(cfg) if to == "torchtitan" and pyjob is None else None
     py = _flavor_file(out, force) if flavor else None  # refused before anything is written
     for line in header[1:]:
         typer.echo(line)
@@ -149,11 +160,16 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                force: bool = typer.Option(False, "--force", help="replace existing -o and --json files (and a "
                                                           "flavor .py beside -o that meshplan wrote)"),
                json_path: Optional[Path] = _json_option("export"),
+               revision: Optional[str] = typer.Option(None, "--torchtitan-revision", help=REVISION_HELP),
+               name: Optional[str] = typer.Option(None, "--name", help="--to torchtitan, a Python config: the "
+                                                  "function's name (default: the source's, else CONFIG's file name)"),
                foreign: Foreign = Foreign()):
     # --help: EXPORT_HELP, given at registration (meshplan.cli.HELP)
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+    if to != "torchtitan" and (revision or name):
+        raise ConfigError("--torchtitan-revision" if revision else "--name", "is for --to torchtitan only")
     _refuse_existing(out, force, "-o")
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, foreign.fmt, foreign.options())
@@ -163,13 +179,21 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
         raise bad
     user, gone = carried_source(config, foreign.fmt, cfg)
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
-    header, files = _write_export(cfg, to, out, str(config), force, user, gone)
+    python = cfg.origin == "torchtitan" and is_python_job(config, config_text(config))
+    pyjob = target(out, revision, name, config, python, foreign.options().job_config) if to == "torchtitan" else None
+    if python and to == "torchtitan" and pyjob is None:  # nc57 #6: the job TOML asked for by -o's suffix
+        _echo(f"note: {config.name} is torchtitan's Python config; this job TOML carries none of its other values: "
+              f"-o FILE.py writes its function back in its own names, keeping them")
+    header, files = _write_export(cfg, to, out, str(config), force, user, gone, pyjob)
     _write_doc(json_path, export_doc(str(config), to, header, _written(files)), force)
 
 
 #: ``export --help``: the DeepSpeed scope is the one string its refusal and ``search`` use.
 EXPORT_HELP = (
-    "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML (for torchtitan "
+    "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan Python config (-o "
+    "FILE.py or --torchtitan-revision 9810191/b5bcd76: one function, --name or the source's, returning the "
+    "Trainer.Config in that torchtitan's field names; from a config_registry.py in its own names, every value it "
+    "states that meshplan does not plan kept as written), a torchtitan job TOML (-o FILE.toml: for torchtitan "
     "<= v0.2.2, the last that reads one; its header's target: line says how to carry its degrees to a newer one; "
     "a dense Llama-style model torchtitan ships no flavor of is written as model.flavor = its name, with FILE's "
     ".py beside it registering that llama3 flavor with the model's sizes, never over a file meshplan did not write, "

@@ -42,6 +42,7 @@ from meshplan.interop.common import FORMATS
 from meshplan.interop.foreign import load_any
 from meshplan.interop.source_file import carried_source, with_source_model
 from meshplan.interop.search_export import export_pick, search_export_refusal
+from meshplan.interop.torchtitan_pytarget import target
 from meshplan.interop.torchtitan_write import custom_flavor
 from meshplan.plan_capacity import checked
 from meshplan.plan_runtime import config_warnings
@@ -362,7 +363,9 @@ def _search_outputs(result, cfg, config: Path, pick, to: str, out: Optional[Path
         _echo(f"note: {moe}")
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = export_choice(result, pick, to)
-        _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_warnings(result, pick)])
+        pyjob = target(out, None, None, config, False, None) if to == "torchtitan" else None  # -o FILE.py
+        _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_warnings(result, pick)],
+                      pyjob)
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal, kern)), force,

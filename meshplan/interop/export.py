@@ -22,7 +22,8 @@ from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.interop import deepspeed_carry, megatron, megatron_carry, torchtitan_carry
+from meshplan.interop import deepspeed_carry, megatron, megatron_carry, torchtitan_carry, torchtitan_pywrite
+from meshplan.interop.torchtitan_pytarget import PyTarget
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
 from meshplan.interop.detect import config_text, detect, is_python_job
 from meshplan.interop.export_formats import UserFile, deepspeed_file, megatron_file, torchtitan_file
@@ -85,11 +86,12 @@ def reimport_options(cfg: Config, to: str) -> ImportOptions:
     return replace(opts, model=hf[1]) if hf else opts
 
 
-def _import_line(to: str, opts: ImportOptions, cfg: Config) -> str:
+def _import_line(to: str, opts: ImportOptions, cfg: Config, function: str | None = None) -> str:
     """The header's ``import with: meshplan import ...`` line; for a cluster carried whole
     (:func:`reimport_options`), the node (``NODE`` where the catalog has none of its name) and
-    this plan's ``[cluster]`` to put in the imported TOML, as no option names that cluster."""
-    tail = (f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"
+    this plan's ``[cluster]`` to put in the imported TOML, as no option names that cluster; ``function``: a
+    torchtitan Python config's (``--config``)."""
+    tail = (f" --config {function}" if function else "") + (f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"
             + (" --gradient-checkpointing" if opts.gradient_checkpointing else "") if to == "deepspeed" else
             f" --model {opts.model}" if to == "torchtitan" and opts.model else "")
     if not isinstance(opts.cluster, ClusterSpec):
@@ -104,7 +106,7 @@ def _import_line(to: str, opts: ImportOptions, cfg: Config) -> str:
 
 def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
            warnings: Sequence[str] = (), refused: Mapping[str, Sequence[str]] | None = None,
-           step_of: StepOf | None = None) -> tuple[str, list[str]]:
+           step_of: StepOf | None = None, py: PyTarget | None = None) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
     each of ``warnings`` (``warning: ...``: what the framework's runtime does differently,
     :func:`meshplan.plan_runtime.config_warnings`), how to import the file again, and every meshplan
@@ -126,11 +128,12 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     config's predicted step in seconds (None when it does not resolve; the caller's, as this
     layer plans nothing): when fields are not expressed, the header says what they do to the
     step (``step after the round trip: 119.526 s -> 85.047 s ...``,
-    :func:`meshplan.interop.roundtrip.step_line`)."""
+    :func:`meshplan.interop.roundtrip.step_line`). ``py``: with ``to`` torchtitan, a Python config
+    function in place of the job TOML (:func:`meshplan.interop.torchtitan_pywrite.py_file`)."""
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     try:
-        return _export(cfg, to, source, user, tuple(warnings), refused or {}, step_of)
+        return _export(cfg, to, source, user, tuple(warnings), refused or {}, step_of, py)
     except ConfigError as e:
         if e.field != "--to":
             raise
@@ -170,7 +173,7 @@ def _refusal(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[s
 
 def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
             warnings: tuple[str, ...] = (), refused: Mapping[str, Sequence[str]] | None = None,
-            step_of: StepOf | None = None) -> tuple[str, list[str]]:
+            step_of: StepOf | None = None, py: PyTarget | None = None) -> tuple[str, list[str]]:
     """:func:`export` without the suggestion of another target: the header (the plan's source,
     its warnings, what a carried file of another format holds that is not carried), the target's
     file (:func:`~meshplan.interop.export_formats.torchtitan_file`, :func:`~meshplan.interop.export_formats.megatron_file`, :func:`~meshplan.interop.export_formats.deepspeed_file`) and what its
@@ -184,8 +187,11 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     head += _not_carried(cfg, to, user)
     if to == "meshplan":
         return dumps(meshplan_tables(cfg), tuple(head)), head
-    head.append(_import_line(to, opts, cfg))
-    if to == "torchtitan":
+    head.append(_import_line(to, opts, cfg, py.name if to == "torchtitan" and py else None))
+    if to == "torchtitan" and py is not None:
+        body, again, lines = torchtitan_pywrite.py_file(cfg, source, py, opts, user.doc if user is not None and
+                                                        user.fmt == "torchtitan" else None)
+    elif to == "torchtitan":
         body, again, lines = torchtitan_file(cfg, source, user, opts)
     elif to == "megatron":
         body, again, lines = megatron_file(cfg, source, user, opts)
