@@ -8,7 +8,7 @@ wall, and the vectorised phase alone), how many were planned exactly, and the ra
 goal to the wall time (> 1 means the goal is met). Run on 2 cores:
 ``taskset -c 0,1 .venv/bin/python benchmarks/bench_search.py``.
 
-Usage: ``bench_search.py [CONFIG ...] [--workers N] [--settle-max N] [--profile N]`` (default: the
+Usage: ``bench_search.py [CONFIG ...] [--workers N] [--settle-max N] [--profile N] [--why]`` (default: the
 405B example and the seed example; workers = CPUs this process may use). ``--profile N`` runs
 each search under cProfile (use ``--workers 1``: the forked workers' time is not seen) and prints
 its N functions of largest cumulative and own time; the wall times then include the profiler's
@@ -42,7 +42,7 @@ def cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def bench(path: Path, workers: int, settle_max: int | None, profile: int = 0) -> None:
+def bench(path: Path, workers: int, settle_max: int | None, profile: int = 0, why: bool = False) -> None:
     cfg = load_config(path, require_mesh=False)
     if settle_max is not None:
         cfg = replace(cfg, search=cfg.search.model_copy(update={"settle_max": settle_max}))
@@ -71,12 +71,38 @@ def bench(path: Path, workers: int, settle_max: int | None, profile: int = 0) ->
     if r.explanation is not None:
         print(f"  {r.explanation.line()}")
     print(f"  top proven exact: {r.proven}")
+    if why:
+        print_why(r)
     if prof:
         for key in ("cumulative", "tottime"):
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats(key).print_stats(profile)
             print(f"  profile by {key}:")
             print("\n".join("    " + line for line in out.getvalue().splitlines()[4:] if line.strip()))
+
+
+def print_why(r) -> None:
+    """Why the ranking planned what it planned (``--why``): of the candidates planned for their step, those
+    whose exact step is above the stopping cut (here the last row's step + 1%, the rule's window,
+    :func:`meshplan.search.rank.needed`; the headroom tiers may place the search's own cut a little
+    elsewhere) needed no plan with an exact bound: their step-time lower bound was loose. Counted by
+    (cp, pp > 1), with min / median of bound / exact; ``r.est.step_lo`` is the bound of step 5 (the
+    ranking's queue may have tightened it further the same way before planning)."""
+    steps = {i: e.step_s for i, e in r.exact.items() if e.step_s is not None}
+    if not r.top or not steps:
+        return
+    cut = max(t.step_s for t in r.top) * 1.01
+    c, by = r.candidates, {}
+    for i, s in steps.items():
+        key = (int(c.cp[i]), int(c.pp[i]) > 1)
+        by.setdefault(key, []).append((float(r.est.step_lo[i]) / s, s > cut))
+    loose = sum(x for v in by.values() for _, x in v)
+    print(f"  why planned: {len(steps)} with a step, {len(r.exact) - len(steps)} memory alone; {loose} with the step above "
+          f"the cut {cut:.3f} s (a bound at the exact step would have left them unplanned); by (cp, pp > 1):")
+    for (cp, pp), v in sorted(by.items()):
+        ratios = sorted(q for q, x in v if x)
+        tail = f", bound / exact min {ratios[0]:.3f} median {ratios[len(ratios) // 2]:.3f}" if ratios else ""
+        print(f"    cp {cp:3d} {'pp > 1' if pp else 'pp 1  '}: {len(v):4d} planned, {len(ratios):4d} above the cut{tail}")
 
 
 def main() -> None:
@@ -87,9 +113,11 @@ def main() -> None:
     ap.add_argument("--settle-max", type=int, default=None, help="override [search] settle_max")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="run under cProfile and print the N functions of largest cumulative and own time")
+    ap.add_argument("--why", action="store_true",
+                    help="count the candidates planned for their step whose step is above the cut, by (cp, pp > 1)")
     args = ap.parse_args()
     for path in args.configs:
-        bench(path, args.workers, args.settle_max, args.profile)
+        bench(path, args.workers, args.settle_max, args.profile, args.why)
 
 
 if __name__ == "__main__":

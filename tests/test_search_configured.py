@@ -572,3 +572,32 @@ def test_op_recompute_outside_its_searched_meshes_names_the_limit():
     cfg = replace(cfg, search=cfg.search.model_copy(update={"recompute": ["selective"]}))
     assert find(cfg, cfg.mesh, enumerate_candidates(cfg)) == (
         "recompute op is not searched (searched with the rest of the mesh: selective; widen [search] recompute)")
+
+
+def test_fastest_settings_plan_on_the_pool_is_the_serial_plan():
+    """The fastest setting's one more plan (configured_best.setting_plan) runs on the search's pool beside the
+    rank's plans (perf2: it ran alone in the parent after them): the candidate it names is the one the hand
+    rule names (the mesh's unplanned feasible candidate of lowest step-time bound, then index: hbmswitch's
+    top-1 mini search above), and on a 2-worker pool the line and best_* equal the serial search's
+    (workers=1: the pool runs in the parent), the step to the bit the parent's own SIMULATE plan."""
+    from meshplan.search.configured import configured
+    from meshplan.search.configured_best import setting_plan
+    from meshplan.search.exact import SIMULATE, Planner, Pool
+
+    s = search(_cfg("mini_2x4_tp2-dp4.toml", training=SELECTIVE, narrow=ALL_RECOMPUTE | {"top": 1, "headroom_tier": False}),
+               workers=1)
+    cfg, c, sel = s.config, s.candidates, s.configured
+    planner = Planner(cfg, c)
+    mine = planner((sel.index, SIMULATE))
+    rest = [j for j in np.flatnonzero(s.code == -1) if mesh_of(c, j) == mesh_of(c, sel.index)
+            and j not in s.exact and j != sel.index]
+    j = setting_plan(cfg, c, s.code, s.est.step_lo, s.exact, s.top, sel.index, mine)
+    assert j == min(rest, key=lambda k: (s.est.step_lo[k], k)) == sel.best_index
+    assert setting_plan(cfg, c, s.code, s.est.step_lo, s.exact, s.top, s.top[0].index, s.exact[s.top[0].index]) is None
+    pool = Pool(planner, 2)
+    try:
+        pooled = configured(cfg, c, s.code, s.est.step_lo, s.exact, s.top, pool)
+    finally:
+        pool.close()
+    assert pooled.to_dict() == sel.to_dict() and pooled.line() == sel.line()
+    assert pooled.best_step_s == planner((j, SIMULATE)).step_s

@@ -104,17 +104,24 @@ class _Run:
             t.need = len(t.deps)
             if t.overlap:
                 t.need += 1
-                t.hold_need = len(t.hold)
                 for o in t.overlap:
-                    o.start_succ = [*(o.start_succ or ()), t]
-            elif t.hold:
-                t.hold_need = len(t.hold)
+                    if o.start_succ is None:
+                        o.start_succ = [t]
+                    else:
+                        o.start_succ.append(t)
             if t.hold:
+                t.hold_need = len(t.hold)
                 for h in t.hold:
-                    h.hold_succ = [*(h.hold_succ or ()), t]
+                    if h.hold_succ is None:
+                        h.hold_succ = [t]
+                    else:
+                        h.hold_succ.append(t)
             if t.owner is not None:
                 t.need += 1
-                t.owner.start_succ = [*(t.owner.start_succ or ()), t]
+                if t.owner.start_succ is None:
+                    t.owner.start_succ = [t]
+                else:
+                    t.owner.start_succ.append(t)
             t.ready = t.floor
             if t.need == 0:
                 self.heap.append((t.ready, t.i))
@@ -141,8 +148,13 @@ class _Run:
                 now = t_start
                 while heap and heap[0][0] <= now:
                     self._start(tasks[heapq.heappop(heap)[1]], now)
-            if self.net_dirty or self.sm_edges or (self.comp is not None and self.comp.sms < 0):
+            # rates move only where a collective's NIC share changed or the running kernel may be
+            # slowed anew (its SM rate not set yet, or an SM-holding collective began or ended)
+            comp = self.comp
+            if self.net_dirty or (comp is not None and (comp.sms < 0 or self.sm_edges)):
                 self._rates(now)
+            elif self.sm_edges:
+                self.sm_edges.clear()
         if any(math.isnan(t.end) for t in self.tasks):
             raise RuntimeError("unit task graph left tasks unrun (a dependency cycle)")
 
@@ -228,7 +240,7 @@ class _Run:
                 if r != t.rate:
                     _reanchor(t, now, r)
         comp = self.comp
-        if comp is not None and (comp.sms < 0 or any(i < comp.i for i in self.sm_edges)):
+        if comp is not None and (comp.sms < 0 or (self.sm_edges and min(self.sm_edges) < comp.i)):
             held = sum(t.sm for t in self.running if t.sm > 0 and t.i < comp.i)
             comp.sms = 1
             _reanchor(comp, now, 1.0 - min(self.cap, held))

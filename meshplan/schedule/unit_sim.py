@@ -177,9 +177,12 @@ class StreamSim:
         after = [a for a in after if a is not None] if after else []
         ov = [o for o in overlap if o is not None] if overlap else []
         t = self._task(COMPUTE, "compute", "compute", name, work=dur, deps=[self.last, *after])
-        t.last = self.task_of[id(self.last)] if self.last is not None else None
-        t.after = tuple(self.task_of[id(a)] for a in after)
-        t.overlap = t.hold = tuple(self.task_of[id(o)] for o in ov)
+        task_of = self.task_of
+        t.last = task_of[id(self.last)] if self.last is not None else None
+        if after:
+            t.after = tuple([task_of[id(a)] for a in after])
+        if ov:
+            t.overlap = t.hold = tuple([task_of[id(o)] for o in ov])
         t.cond = cond
         self.last = t.ev
         return t.ev

@@ -37,7 +37,7 @@ from meshplan.plan import Plan, build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.columns import Candidates
-from meshplan.search.configured_best import best_words, fastest_setting, setting_words
+from meshplan.search.configured_best import best_words, fastest_setting, setting_plan, setting_words
 from meshplan.search.configured_find import find
 from meshplan.search.configured_row import table_row
 from meshplan.memory.constraints import usable_bytes
@@ -182,8 +182,11 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
     row = next((n for n, t in enumerate(top, 1) if t.index == i), None)
     mesh_row = next((n for n, t in enumerate(top, 1) if mesh_of(c, t.index) == mesh_of(c, i)), None)
     n = cfg.search.rank_max
-    lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers, n)
-    best = fastest_setting(cfg, c, code, step_lo, exact, top, i, e, planner)
+    # the fastest setting's one more plan (configured_best), known now: on the pool with the rank's plans
+    j = setting_plan(cfg, c, code, step_lo, exact, top, i, e)
+    extra = () if j is None else ((j, SIMULATE),)
+    lo, hi, more = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers, n, extra)
+    best = fastest_setting(cfg, c, code, step_lo, exact, top, i, e, lambda job: more.get(job) or planner(job))
     best = None if best is None or best.index == i or best.step_s is None else best
     notes = _notes(row, e.step_s, top, k, hi - lo, len(undecided), below, mesh_row, n)
     b_words = None if best is None else setting_words(c, i, best.index)
@@ -211,7 +214,7 @@ def _as_given(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray,
         return Configured(words, "absent", f"{why}; as given: infeasible: {'; '.join(plan.reasons)}")
     st = step_time(plan, Overlap())
     n = cfg.search.rank_max
-    lo, hi = _rank(c, code, step_lo, exact, st.step_s, -1, Planner(cfg, c), workers, n)
+    lo, hi, _ = _rank(c, code, step_lo, exact, st.step_s, -1, Planner(cfg, c), workers, n)
     row = table_row(st.step_s, plan.timeline.peak.total_bytes, top, usable_bytes(cfg.cluster, cfg.training),
                     cfg.memory.fragmentation_fraction, cfg.search.headroom_tier)
     return Configured(words, "absent", why, st.step_s, st.tokens_per_s, lo, hi, int((code == OK).sum()), rank_max=n,
@@ -241,20 +244,27 @@ def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: in
 
 
 def _rank(c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact], step_s: float, i: int,
-          planner: Planner, workers: int | Pool, rank_max: int = 32) -> tuple[int, int]:
+          planner: Planner, workers: int | Pool, rank_max: int = 32,
+          extra: tuple = ()) -> tuple[int, int, dict[tuple[int, str], Exact]]:
     """(lowest, highest) rank of a step of ``step_s``: 1 + the feasible candidates with a shorter
     exact step; those unplanned whose lower bound is below it planned (:data:`~meshplan.search.exact.STEP_ALONE`:
     the step, to the bit the search's), lowest bound first, up to ``rank_max`` (``[search] rank_max``),
     the rest (and any plan that gives no step) left as the range: highest - lowest = those left.
-    ``workers``: a process count (a pool of them forked here, closed after) or an open pool, used as it is."""
+    ``workers``: a process count (a pool of them forked here, closed after) or an open pool, used as it is.
+    ``extra``: more planner jobs run in the same pool map after the rank's (their results, by job, the
+    third element; they change no rank): the fastest setting's plan, which ran alone after them (the
+    405B example's vpp 8 plan, serial in the parent while the workers idled)."""
     feasible = np.flatnonzero(code == OK)
     steps = {j: exact[j].step_s for j in feasible.tolist() if j in exact and exact[j].step_s is not None}
     open_ = [j for j in feasible.tolist() if j not in steps and j != i and step_lo[j] < step_s]
     open_.sort(key=lambda j: (step_lo[j], j))
     todo, left = open_[:rank_max], len(open_) - min(len(open_), rank_max)
     pool = workers if isinstance(workers, Pool) else Pool(planner, workers)
+    more: dict[tuple[int, str], Exact] = {}
     try:
-        for r in pool.map([(j, STEP_ALONE) for j in todo]):
+        got = pool.map([(j, STEP_ALONE) for j in todo] + list(extra))
+        more = dict(zip(extra, got[len(todo):]))
+        for r in got[:len(todo)]:
             if r.step_s is not None:
                 steps[r.index] = r.step_s
             else:  # no step: it may be faster, so it widens the range
@@ -263,4 +273,4 @@ def _rank(c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int,
         if pool is not workers:
             pool.close()
     faster = sum(1 for j, s in steps.items() if j != i and s is not None and s < step_s)
-    return faster + 1, faster + 1 + left
+    return faster + 1, faster + 1 + left, more

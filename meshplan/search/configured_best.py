@@ -15,13 +15,13 @@ where that bound is within the rule's 1% (:data:`~meshplan.spec.search.TIE`) of 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from meshplan.config import Config
 from meshplan.search.columns import Candidates
-from meshplan.search.exact import SIMULATE, Exact, Planner
+from meshplan.search.exact import SIMULATE, Exact
 from meshplan.search.explain import relative
 from meshplan.memory.headroom import tight
 from meshplan.search.headroom import tier_order
@@ -46,24 +46,47 @@ def same_mesh(c: Candidates, i: int) -> np.ndarray:
 
 
 def fastest_setting(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
-                    top: list[Exact], i: int, mine: Exact, planner: Planner) -> Optional[Exact]:
+                    top: list[Exact], i: int, mine: Exact,
+                    planner: Callable[[tuple[int, str]], Exact]) -> Optional[Exact]:
     """Candidate ``i``'s mesh at its fastest searched setting (module docstring): ``mine`` is ``i``
     planned, ``step_lo`` the step-time lower bounds (seconds), ``top`` the search's rows. None where
-    nothing of the mesh has a step."""
+    nothing of the mesh has a step. ``planner``: the search's :class:`~meshplan.search.exact.Planner`, or
+    any callable that gives the same :class:`~meshplan.search.exact.Exact` of a job (the plan
+    :func:`setting_plan` names, made beside the rank's on the search's pool: ``configured``)."""
     row = next((t for t in top if mesh_of(c, t.index) == mesh_of(c, i)), None)
     if row is not None:
         return row
+    known, best, j = _known(cfg, c, code, step_lo, exact, i, mine)
+    if j is not None:
+        e = planner((j, SIMULATE))
+        if e.feasible and e.step_s is not None:
+            best = _first(cfg, c, known | {j: e})
+    return best
+
+
+def setting_plan(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
+                 top: list[Exact], i: int, mine: Exact) -> Optional[int]:
+    """The candidate :func:`fastest_setting` of the same arguments plans (``SIMULATE``), or None where
+    it plans none: known before any plan, so the plan can run beside the rank's
+    (:func:`meshplan.search.configured._rank`) on the search's pool instead of after them."""
+    if any(mesh_of(c, t.index) == mesh_of(c, i) for t in top):
+        return None
+    return _known(cfg, c, code, step_lo, exact, i, mine)[2]
+
+
+def _known(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact], i: int,
+           mine: Exact) -> tuple[dict[int, Exact], Optional[Exact], Optional[int]]:
+    """(candidate ``i``'s mesh's feasible candidates with a step, ``mine`` as ``i``; the first of them
+    by the rule, :func:`_first`; the one more plan: the mesh's unplanned feasible candidate of lowest
+    step-time bound, then index, where that bound is within the rule's 1% of the best step known, else None)."""
     ok = np.flatnonzero(same_mesh(c, i) & (code == OK)).tolist()
     known = {j: exact[j] for j in ok if j in exact and exact[j].step_s is not None} | {i: mine}
     best = _first(cfg, c, known)
     rest = [j for j in ok if j not in known]
-    if rest:  # one more plan: the lowest bound, where it could beat the best known
-        j = min(rest, key=lambda k: (step_lo[k], k))
-        if best is None or step_lo[j] < (best.step_s or np.inf) * (1 + TIE):  # the rule's 1% window
-            e = planner((j, SIMULATE))
-            if e.feasible and e.step_s is not None:
-                best = _first(cfg, c, known | {j: e})
-    return best
+    if not rest:
+        return known, best, None
+    j = min(rest, key=lambda k: (step_lo[k], k))  # it could beat the best known
+    return known, best, j if best is None or step_lo[j] < (best.step_s or np.inf) * (1 + TIE) else None
 
 
 def _first(cfg: Config, c: Candidates, known: dict[int, Exact]) -> Optional[Exact]:
