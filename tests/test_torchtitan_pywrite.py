@@ -152,6 +152,20 @@ def test_a_9810191_function_is_written_in_its_names_with_its_other_settings(tmp_
     _same_plan(REGISTRY, out, "llama3_8b_tp2", 1)
 
 
+def test_the_sources_assets_path_stays_when_the_model_is_given_by_name(tmp_path, capsys):
+    """--model llama3-8b names the model, so the import reads no hf_assets_path and the plan holds
+    none; the source's "./assets/hf/Llama-3.1-8B" is still what the job loads its tokenizer from, so it
+    is carried as written, not dropped and then listed as torchtitan's default test tokenizer (found
+    on the nc57 registry at integration)."""
+    out = tmp_path / "job.py"
+    assert _main("export", REGISTRY, "--config", "llama3_8b_tp2", *H100, 1, "--model", "llama3-8b",
+                 "--to", "torchtitan", "-o", out) == 0
+    err = capsys.readouterr().out
+    assert "hf_assets_path" not in err.split("written otherwise")[1].split("\n")[0]
+    assert "tests/assets/tokenizer" not in err
+    assert _run(out, "llama3_8b_tp2")[2]["hf_assets_path"] == "./assets/hf/Llama-3.1-8B"
+
+
 def test_b5bcd76_names_fold_the_batch_into_tokens_as_the_source(tmp_path, capsys):
     """nc57 #6's b5bcd76 70B job on 8 dgx-h100 (world 64): pp 2 x tp 8 -> dp_shard 64 / 16 = 4; 8192
     tokens a micro-batch = 1 sequence of max_context_length 8192; 8 pp micro-batches; 2097152 tokens a

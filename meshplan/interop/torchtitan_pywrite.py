@@ -241,9 +241,14 @@ def written_tree(source: Optional[Built], tables: dict, revision: str) -> tuple[
         ac = Built(ac.name, (), {k: v for k, v in src.kwargs.items() if k not in _read_keys("activation_checkpoint")}
                    | ac.kwargs)
     tree.kwargs["activation_checkpoint"] = ac
-    kept += ["hf_assets_path"] * (tree.kwargs.get("hf_assets_path", None) == plan.get("hf_assets_path", 0))
-    for field in ("model_converters", "hf_assets_path"):  # the plan's, or none
-        tree.kwargs.pop(field, None) if field not in plan else tree.kwargs.__setitem__(field, plan[field])
+    # the source's hf_assets_path stays where the plan names none (--model given: no path read)
+    src_path = tree.kwargs.get("hf_assets_path", None)
+    kept += ["hf_assets_path"] * (src_path is not None and plan.get("hf_assets_path", src_path) == src_path)
+    for field in ("model_converters", "hf_assets_path"):  # the plan's, or none (the source's path kept)
+        if field in plan:
+            tree.kwargs[field] = plan[field]
+        elif field == "model_converters":
+            tree.kwargs.pop(field, None)
     first = {} if "model_spec" in tree.kwargs else {"model_spec": None}
     tree.kwargs = {k: _model_refs(v, k) for k, v in (first | tree.kwargs).items()} | \
         {"model_spec": Opaque("model_spec")}  # first, or where the source has it
