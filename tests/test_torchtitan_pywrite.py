@@ -157,8 +157,11 @@ def test_the_sources_assets_path_stays_when_the_model_is_given_by_name(tmp_path,
     none; the source's "./assets/hf/Llama-3.1-8B" is still what the job loads its tokenizer from, so it
     is carried as written, not dropped and then listed as torchtitan's default test tokenizer (found
     on the nc57 registry at integration)."""
+    team = tmp_path / "team"  # a team's own folder: not a torchtitan model's name, so --model is needed
+    team.mkdir()
+    (team / "config_registry.py").write_text(REGISTRY.read_text())
     out = tmp_path / "job.py"
-    assert _main("export", REGISTRY, "--config", "llama3_8b_tp2", *H100, 1, "--model", "llama3-8b",
+    assert _main("export", team / "config_registry.py", "--config", "llama3_8b_tp2", *H100, 1, "--model", "llama3-8b",
                  "--to", "torchtitan", "-o", out) == 0
     err = capsys.readouterr().out
     assert "hf_assets_path" not in err.split("written otherwise")[1].split("\n")[0]
