@@ -1,0 +1,109 @@
+"""The memory ``fix:`` line offers an MoE mesh more expert parallelism (newcomer trial nc58 #1:
+Mixtral-8x7B at ep 1 was offered pp x2 and full recompute, both tight, never the ep its
+Megatron-LM job dropped through a misnamed flag). Each peak is the plan of the config edited by hand."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.config import load_config
+from meshplan.interop.foreign import ImportOptions, load_any
+from meshplan.interop.keymaps import keymap_of
+from meshplan.plan import build_plan
+from meshplan.plan_fix import memory_fix
+from meshplan.plan_fix_ep import ep_variant
+from meshplan.units import GiB
+from tests.configs import TP4_MB2
+
+#: Mixtral-8x7B on 32 dgx-h100 as Megatron-LM runs it: pp 4 x dp 64, distributed optimizer, no
+#: recompute, the experts unsplit (ep 1).
+MIXTRAL_EP1 = """
+[model]
+catalog = "mixtral-8x7b"
+[cluster]
+system = "dgx-h100"
+nodes = 32
+[training]
+global_batch = 1024
+seq_len = 4096
+micro_batch = 1
+sharding = "zero1"
+recompute = "none"
+param_dtype = "bf16"
+grad_reduce_dtype = "fp32"
+framework = "megatron"
+moe_dropless = true
+[mesh]
+names = ["pp", "dp"]
+shape = [4, 64]
+"""
+
+#: One routed expert of Mixtral-8x7B: w1, w3 (4096 x 14336) and w2 (14336 x 4096), config.json sizes.
+EXPERT = 3 * 4096 * 14336
+
+
+def _expert_state_bytes(ep: int) -> int:
+    """A stage-0 rank's routed-expert state at ``ep`` by hand: 8 layers (32 / pp 4) x 8 / ep experts,
+    bf16 parameter 2 B + fp32 main gradient 4 B each unsharded (Megatron-LM's DDP buffer), fp32 master
+    4 B + Adam's two fp32 moments 8 B sharded over the expert data axis, dp 64 / ep ranks."""
+    params = 8 * (8 // ep) * EXPERT
+    return params * 6 + params * 12 // (64 // ep)
+
+
+def _at_ep(cfg, ep: int):
+    return build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": ["pp", "dp", "ep"],
+                                                                     "shape": [4, 64, ep]})))
+
+
+def test_mixtral_at_ep1_is_offered_the_smallest_ep_that_keeps_15_percent_free(tmp_path):
+    """ep 1 -> 2 removes 8 layers x 4 experts of state: 69,759,664,128 - 35,936,796,672 B = 31.5 GiB,
+    ep 1 -> 4 removes 69,759,664,128 - 19,025,362,944 B = 47.25 GiB (:func:`_expert_state_bytes`); the
+    rest of the peak (dense state, activations: the same copies per rank at any ep under balanced
+    routing) moves by under 0.5 GiB. From ep 1's 100.1 GiB: ep 2 about 68.6 GiB, over 0.85 x 71.2 =
+    60.5 GiB (fits, tight); ep 4 about 52.9 GiB (15% free): the line offers ep 4 first, with its own plan's
+    peak, before pp x2 and recompute full, both tight."""
+    path = tmp_path / "mixtral_ep1.toml"
+    path.write_text(MIXTRAL_EP1, encoding="utf-8")
+    cfg = load_config(path)
+    one, two, four = build_plan(cfg), _at_ep(cfg, 2), _at_ep(cfg, 4)
+    assert not one.feasible and two.feasible and four.feasible
+    assert _expert_state_bytes(1) - _expert_state_bytes(2) == 33_822_867_456
+    assert _expert_state_bytes(1) - _expert_state_bytes(4) == 50_734_301_184
+    peak = {k: p.timeline.peak.total_bytes for k, p in ((1, one), (2, two), (4, four))}
+    for k in (2, 4):
+        assert abs(peak[1] - peak[k] - (_expert_state_bytes(1) - _expert_state_bytes(k))) < 0.5 * GiB
+    usable = one.timeline.usable_bytes
+    assert usable - peak[2] < 0.15 * usable <= usable - peak[4]  # ep 2 tight, ep 4 not
+    line = memory_fix(one)
+    assert line.startswith(f"fix: ep 4 (2 experts per ep rank; the dense mesh unchanged) -> peak "
+                           f"{peak[4] / GiB:.1f} GiB (fits; step ")
+    assert "pp x2 (pp 8 x dp 32)" in line and "recompute full" in line
+
+
+def test_megatron_args_name_the_ep_flag(tmp_path):
+    """The same job as Megatron-LM arguments without --expert-model-parallel-size: the fix names the flag."""
+    args = tmp_path / "mixtral.args"
+    args.write_text(
+        "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention "
+        "--num-query-groups 8 --kv-channels 128 --swiglu --normalization RMSNorm --norm-epsilon 1e-5 "
+        "--position-embedding-type rope --rotary-base 1000000 --max-position-embeddings 32768 "
+        "--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 32000 --attention-dropout 0.0 "
+        "--hidden-dropout 0.0 --num-experts 8 --moe-router-topk 2 --moe-token-dispatcher-type alltoall "
+        "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 4 --use-distributed-optimizer "
+        "--micro-batch-size 1 --global-batch-size 1024 --seq-length 4096 --bf16 --use-flash-attn\n", encoding="utf-8")
+    cfg = load_any(args, "megatron", ImportOptions(cluster="dgx-h100", nodes=32))
+    plan = build_plan(cfg)
+    words, fixed = ep_variant(plan, keymap_of(plan.config))
+    assert words == "--expert-model-parallel-size 4 (2 experts per ep rank; the dense mesh unchanged)"
+    assert fixed.mesh.ep == 4 and fixed.feasible
+
+
+def test_no_ep_variant_for_a_dense_model_or_an_ep_at_the_experts():
+    """A dense model has no experts to split; Mixtral at ep 8 holds one expert a layer already."""
+    assert ep_variant(build_plan(load_config(TP4_MB2))) is None
+
+
+def test_no_ep_variant_at_one_expert_per_rank(tmp_path):
+    path = tmp_path / "mixtral_ep1.toml"
+    path.write_text(MIXTRAL_EP1, encoding="utf-8")
+    assert ep_variant(_at_ep(load_config(path), 8)) is None
