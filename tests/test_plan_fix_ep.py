@@ -107,3 +107,22 @@ def test_no_ep_variant_at_one_expert_per_rank(tmp_path):
     path = tmp_path / "mixtral_ep1.toml"
     path.write_text(MIXTRAL_EP1, encoding="utf-8")
     assert ep_variant(_at_ep(load_config(path), 8)) is None
+
+
+def test_megatron_ep_and_topk_flags_under_other_names_are_refused(tmp_path, capsys):
+    """nc58 #2: ``--expert-parallel-size 8`` (one word short of ``--expert-model-parallel-size``) was a
+    note and the job planned at ep 1 (100.1 GiB, infeasible, a fix without ep); ``--moe-topk`` planned
+    Megatron-LM's default top-2 whatever it said. Megatron-LM's argparse (``parse_args``,
+    ``allow_abbrev=False``) refuses both, so the job cannot start: exit 2, one line naming the flag."""
+    from tests.cli_run import run_cli
+    base = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+            "--num-experts 8 --seq-length 4096 --micro-batch-size 1 --global-batch-size 1024 --bf16 ")
+    for wrong, right in (("--expert-parallel-size 8", "--expert-model-parallel-size"),
+                         ("--moe-topk 1", "--moe-router-topk")):
+        args = tmp_path / "job.args"
+        args.write_text(base + wrong + "\n", encoding="utf-8")
+        code, _, err = run_cli(["plan", args, "--cluster", "dgx-h100", "--nodes", "32"], capsys)
+        flag = wrong.split()[0]
+        assert code == 2 and err.strip() == (
+            f"error: {flag}: not a Megatron-LM flag (its parser refuses it); did you mean {right}? "
+            "(meshplan reads that one: misspelt, the setting would stay at its default)")
