@@ -16,7 +16,7 @@ all-to-all that fit, so the group stays inside a node where such an ep does. Whe
 one with the lowest peak (the largest planned), which :func:`meshplan.plan_fix.memory_fix` names
 as no fix alone when it lowers the peak.
 
-Mixtral-8x7B at pp 4 x dp 64, zero1 (Megatron-LM), no recompute, 32 dgx-h100 (tests/test_plan_fix_ep.py):
+Mixtral-8x7B at pp 4 x dp 64, zero1 (Megatron-LM), no recompute, 32 dgx-h100 (tests/test_nc58_fixes.py):
 ep 1 keeps 8 layers x 8 experts x 3 x 4096 x 14336 = 11.27e9 expert parameters on a rank, 6 B each
 (bf16 parameter + fp32 gradient) = 63.0 GiB before the optimizer state; ep 2 fits but tight, ep 4
 keeps two experts a layer (15.7 GiB of them) and 15% free.

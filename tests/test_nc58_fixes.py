@@ -1,6 +1,7 @@
-"""The memory ``fix:`` line offers an MoE mesh more expert parallelism (newcomer trial nc58 #1:
-Mixtral-8x7B at ep 1 was offered pp x2 and full recompute, both tight, never the ep its
-Megatron-LM job dropped through a misnamed flag). Each peak is the plan of the config edited by hand."""
+"""Newcomer trial nc58 (an MoE practitioner): the memory ``fix:`` line offers an MoE mesh more expert
+parallelism (#1: Mixtral-8x7B at ep 1 was offered pp x2 and full recompute, both tight, never ep; each
+peak is the plan of the config edited by hand); a Megatron-LM flag one word from the ep or top-k flag is
+refused (#2); torchtitan's Python-config name of the EP backend in a job TOML is refused (#7)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,18 @@ def test_megatron_ep_and_topk_flags_under_other_names_are_refused(tmp_path, caps
         assert code == 2 and err.strip() == (
             f"error: {flag}: not a Megatron-LM flag (its parser refuses it); did you mean {right}? "
             "(meshplan reads that one: misspelt, the setting would stay at its default)")
+
+
+def test_torchtitan_job_toml_moe_comm_backend_names_the_job_toml_key(tmp_path, capsys):
+    """nc58 #7: ``parallelism.moe_comm_backend = "deepep"`` (the Python configs' name) in a job TOML was
+    only in the unused list and the job planned with the standard all-to-all; torchtitan's job TOML
+    reads the backend as ``parallelism.expert_parallel_comm_backend`` (job_config.py:474 at e347b1e)."""
+    from tests.cli_run import run_cli
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "deepseek_v3"\nflavor = "16B"\n[training]\nlocal_batch_size = 1\nseq_len = 4096\n'
+                   '[parallelism]\nexpert_parallel_degree = 8\nmoe_comm_backend = "deepep"\n', encoding="utf-8")
+    code, _, err = run_cli(["plan", job, "--cluster", "dgx-h100", "--nodes", "1"], capsys)
+    assert code == 2 and err.strip() == (
+        "error: parallelism.moe_comm_backend: not a torchtitan job-TOML key (the name torchtitan's Python configs give "
+        "the backend, model_registry(..., moe_comm_backend=)); in a job TOML write "
+        "parallelism.expert_parallel_comm_backend = 'deepep'")
