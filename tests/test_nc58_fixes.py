@@ -142,3 +142,41 @@ def test_torchtitan_job_toml_moe_comm_backend_names_the_job_toml_key(tmp_path, c
         "error: parallelism.moe_comm_backend: not a torchtitan job-TOML key (the name torchtitan's Python configs give "
         "the backend, model_registry(..., moe_comm_backend=)); in a job TOML write "
         "parallelism.expert_parallel_comm_backend = 'deepep'")
+
+
+QWEN3_OP = ('[model]\nname = "qwen3"\nflavor = "30B-A3B"\n[training]\nlocal_batch_size = 4\nglobal_batch_size = 1024\n'
+            'seq_len = 4096\n[parallelism]\ndata_parallel_shard_degree = -1\nexpert_parallel_degree = 8\n'
+            '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"\n[compile]\nenable = true\n')
+
+
+def test_op_sac_words_say_the_ep_all_to_alls_are_replayed_where_the_table_replays_them(tmp_path, capsys):
+    """nc58 #6: a torchtitan v0.2.2 qwen3 job under op SAC (op_sac_policy 238fa99): its save list
+    (models/qwen3/infra/parallelize.py 39-54 at 238fa99) has no all_to_all_single, so the replay issues the
+    dispatch and combine again: per MoE layer 2 forward all-to-alls, 2 backward (their gradients) + 2
+    replayed = 4 (the table), and the recompute words now say so instead of "ep all-to-all outputs saved".
+    Each all-to-all: 4 x 4096 tokens x top-8 x hidden 2048 x 2 B = 536,870,912 B."""
+    from tests.cli_run import run_cli
+    job = tmp_path / "qwen3.toml"
+    job.write_text(QWEN3_OP, encoding="utf-8")
+    code, out, _ = run_cli(["plan", job, "--cluster", "dgx-h100", "--nodes", "32"], capsys)
+    flat = " ".join(out.split())
+    assert code == 0
+    assert ("tp reduce-scatter outputs saved; the ep all-to-alls replayed with the MoE layer (this model's save list "
+            "at this op_sac_policy has no all_to_all_single)") in flat
+    assert "ep all-to-all outputs saved" not in flat
+    plan = build_plan(load_any(job, None, ImportOptions(cluster="dgx-h100", nodes=32)))
+    rows = [r for r in plan.collectives["stage 0"] if r.axis == "ep" and r.size_bytes == 4 * 4096 * 8 * 2048 * 2]
+    assert {r.phase: r.per_layer for r in rows} == {"forward": 2.0, "backward": 4.0}
+
+
+def test_op_sac_words_keep_saved_where_the_save_list_has_the_all_to_all():
+    """deepseek_v3 (MLA) at 238fa99 saves all_to_all_single (models/deepseek_v3/infra/parallelize.py 41);
+    b5bcd76 saves it for every model: the words keep "ep all-to-all outputs saved"."""
+    from meshplan.catalog import model
+    from meshplan.compute.recompute import op_replays_ep
+    from meshplan.spec.recompute_words import recompute_words
+    from meshplan.spec.training import TrainingSpec
+    t = TrainingSpec(global_batch=8, seq_len=16, recompute="op", op_sac_policy="238fa99")
+    ds = model("deepseek-v3")
+    assert not op_replays_ep(ds, t)
+    assert "and ep all-to-all outputs saved" in recompute_words(t, "torch", replays_ep=op_replays_ep(ds, t))
