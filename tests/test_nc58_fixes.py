@@ -180,3 +180,25 @@ def test_op_sac_words_keep_saved_where_the_save_list_has_the_all_to_all():
     ds = model("deepseek-v3")
     assert not op_replays_ep(ds, t)
     assert "and ep all-to-all outputs saved" in recompute_words(t, "torch", replays_ep=op_replays_ep(ds, t))
+
+
+def test_megatron_export_runs_the_grouped_gemm_the_plan_times(tmp_path, capsys):
+    """nc58 #5: the plan times a rank's routed experts as one grouped GEMM, but ``export --to megatron``
+    wrote no ``--moe-grouped-gemm`` (a switch, off by default in Megatron-LM d98e8a6: SequentialMLP, one
+    GEMM per local expert in turn), and the import listed the flag as unused. Mixtral-8x7B at ep 2:
+    8 / 2 = 4 local experts a layer. The export writes the flag; the file without it is noted."""
+    from tests.cli_run import run_cli
+    src = tmp_path / "mixtral_ep2.toml"
+    src.write_text(MIXTRAL_EP1.replace('names = ["pp", "dp"]\nshape = [4, 64]', 'names = ["pp", "dp", "ep"]\n'
+                                       'shape = [4, 64, 2]'), encoding="utf-8")
+    out = tmp_path / "mixtral.args"
+    code, _, err = run_cli(["export", src, "--to", "megatron", "-o", out], capsys)
+    assert code == 0, err
+    flags = out.read_text(encoding="utf-8").splitlines()
+    assert "--moe-grouped-gemm" in flags and "--expert-model-parallel-size 2" in flags
+    cfg = load_any(out, "megatron", ImportOptions(cluster="dgx-h100", nodes=32))
+    assert not any("moe-grouped-gemm" in n for n in cfg.notes)  # read: neither a note nor unused
+    out.write_text("\n".join(f for f in flags if f != "--moe-grouped-gemm") + "\n", encoding="utf-8")
+    cfg = load_any(out, "megatron", ImportOptions(cluster="dgx-h100", nodes=32))
+    assert ("megatron: --moe-grouped-gemm not given: Megatron-LM runs SequentialMLP, the 4 local experts of a layer "
+            "one GEMM after another; planned as one grouped GEMM (TEGroupedMLP): add --moe-grouped-gemm") in cfg.notes
