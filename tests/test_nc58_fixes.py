@@ -202,3 +202,21 @@ def test_megatron_export_runs_the_grouped_gemm_the_plan_times(tmp_path, capsys):
     cfg = load_any(out, "megatron", ImportOptions(cluster="dgx-h100", nodes=32))
     assert ("megatron: --moe-grouped-gemm not given: Megatron-LM runs SequentialMLP, the 4 local experts of a layer "
             "one GEMM after another; planned as one grouped GEMM (TEGroupedMLP): add --moe-grouped-gemm") in cfg.notes
+
+
+def test_megatron_ep_overlap_flag_is_noted_not_modelled(tmp_path):
+    """nc58 #4: ``--overlap-moe-expert-parallel-comm`` was only in the unused list while step's ep hint
+    (DeepSeek-V3, pp 16 x ep 64: 'costs the critical stage 25.67 s ... ep 8 -47.8%') assumed every ep
+    all-to-all exposed. Now a note says the overlap is not modelled and the exposed ep an upper bound;
+    at ep 1 (no all-to-all) nothing is said."""
+    def notes(ep: int) -> tuple[str, ...]:
+        args = tmp_path / f"ep{ep}.args"
+        args.write_text("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+                        "--num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --moe-token-dispatcher-type alltoall "
+                        f"--expert-model-parallel-size {ep} --overlap-moe-expert-parallel-comm --seq-length 4096 "
+                        "--micro-batch-size 1 --global-batch-size 1024 --bf16 --vocab-size 32000\n", encoding="utf-8")
+        return load_any(args, "megatron", ImportOptions(cluster="dgx-h100", nodes=32)).notes
+    line = ("megatron: --overlap-moe-expert-parallel-comm not modelled: the ep all-to-alls are planned as exposed as "
+            "without it, so step's exposed ep (and an ep hint built on it) is an upper bound")
+    assert line in notes(8)
+    assert not any("overlap-moe-expert-parallel-comm" in n for n in notes(1))
