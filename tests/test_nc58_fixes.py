@@ -220,3 +220,45 @@ def test_megatron_ep_overlap_flag_is_noted_not_modelled(tmp_path):
             "without it, so step's exposed ep (and an ep hint built on it) is an upper bound")
     assert line in notes(8)
     assert not any("overlap-moe-expert-parallel-comm" in n for n in notes(1))
+
+
+LLAMA_RUNS = """
+[model]
+catalog = "llama3-8b"
+[cluster]
+system = "dgx-h100"
+nodes = 2
+[training]
+global_batch = 56
+seq_len = 8192
+micro_batch = 1
+sharding = "zero3"
+recompute = "full"
+pp_schedule_runs = 14
+[mesh]
+names = ["pp", "dp_shard"]
+shape = [4, 4]
+pp_schedule = "interleaved_1f1b"
+virtual_stages = 2
+"""
+
+
+def test_bubble_hint_offers_fewer_schedule_runs(tmp_path, capsys):
+    """nc58 #3: torchtitan's accumulation under pp (local_batch_size 1: each of the step's runs one
+    micro-batch) idled 95% of a DeepSeek-V3 step with no hint naming it. Here 56 sequences / dp 4 = 14
+    micro-batches in 14 runs of 1. Fewer runs r (dividing 14) whose 14 / r torch's ScheduleInterleaved1F1B
+    takes (rounds = max(1, m // pp), m % rounds == 0): r 1, m 14: rounds 3, 14 % 3 = 2, refused; r 2, m 7:
+    rounds 1, taken. The hint's step is the config edited by hand to pp_schedule_runs = 2."""
+    from meshplan.schedule.steptime import step_time
+    from meshplan.units import step_seconds
+    from tests.cli_run import run_cli
+    path = tmp_path / "runs.toml"
+    path.write_text(LLAMA_RUNS, encoding="utf-8")
+    code, out, _ = run_cli(["step", path], capsys)
+    flat = " ".join(out.split())
+    edited = load_config(path)
+    edited = replace(edited, training=edited.training.model_copy(update={"pp_schedule_runs": 2}))
+    want = step_seconds(step_time(build_plan(edited)).step_s)
+    assert code == 0
+    assert ("pp 4, 14 micro-batches per step in 14 schedule runs of 1): shorter with training.pp_schedule_runs = 2 "
+            f"(2 schedule runs of 7 micro-batches) (step {want},") in flat
