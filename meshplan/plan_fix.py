@@ -24,7 +24,8 @@ must split the sequence into 2 x cp chunks and, with SP, its share over tp, :mod
 and :mod:`~meshplan.spec.axes.tp`; DeepSpeed's engines have no cp), and its peak (the
 most loaded stage's) is printed where it is lower than the plan's (pp x2 can raise it: 1F1B
 keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). Beside those, HSDP's data axes re-split on the same nodes (:func:`_resplit_variant`, newcomer trial
-27 #B). Only
+27 #B), and for an MoE model the smallest larger ep that fits, 15% free first (:func:`meshplan.plan_fix_ep.ep_variant`:
+ep shards the routed experts, which every other variant leaves whole on each rank; newcomer trial nc58 #1). Only
 those that fit are offered, each with its step as ``meshplan step`` predicts it
 (:func:`meshplan.schedule.steptime.step_time`, about 0.1 s a variant for Llama-3-70B on 64 GPUs),
 the fastest first, one under 15% of usable memory free marked ``tight``
@@ -67,6 +68,7 @@ from meshplan.keymap import OWN, KeyMap
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
 from meshplan.plan_fix_cp import cp_variant
+from meshplan.plan_fix_ep import ep_variant
 from meshplan.plan_fix_nodes import fewest_nodes, nodes_words
 from meshplan.memory.headroom import headroom_words
 from meshplan.plan_variant import DATA_AXES, folded, mesh_words, planned, resplit, variant_mesh
@@ -331,6 +333,9 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
     layer = _layer_variant(plan, keys)
     if layer is not None:
         found.append(layer)
+    ep = ep_variant(plan, keys)
+    if ep is not None and ep[1].timeline.verdict_bytes < now:
+        found.append(ep)
     cp, cp_why = cp_variant(plan, keys)
     if cp is not None and (cp[1].feasible or all(cp[1].timeline.verdict_bytes < p.timeline.verdict_bytes
                                                   for _, p in found)):

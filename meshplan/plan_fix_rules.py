@@ -65,7 +65,7 @@ def mesh_checker(cfg: Config) -> Callable[[MeshSpec, Optional[int]], Optional[st
     return check
 
 
-def _with_ep(spec: MeshSpec, ep: int, axis: str = "ep") -> MeshSpec:
+def with_ep(spec: MeshSpec, ep: int, axis: str = "ep") -> MeshSpec:
     """``spec`` with the degree ``ep`` on ``axis`` (ep or etp; names + shape, the axis appended
     where the names lack it, or Megatron degrees)."""
     if spec.names is not None and spec.shape is not None:
@@ -91,7 +91,7 @@ def _etp_fix(cfg: Config, block: int, ep: int, etp: int) -> list[str]:
     if cfg.mesh is None or e % ep:
         return []
     for k in sorted((d for d in range(1, etp) if etp % d == 0), reverse=True):
-        spec = _with_ep(cfg.mesh, k, "etp")
+        spec = with_ep(cfg.mesh, k, "etp")
         if valid_reason(replace(cfg, mesh=spec)) is None:
             split = "the experts without tensor parallelism" if k == 1 else f"each expert's GEMMs split {k} ways"
             return [f"etp {k} ({_field(spec, 'etp')}: ep kept, {counted(e // ep, 'expert')} per ep rank, "
@@ -112,7 +112,7 @@ def _dense_mesh(plan: Infeasible) -> Optional[Mesh]:
     resolve either: the degrees do not make the world)."""
     if plan.mesh is not None or plan.config.mesh is None:
         return plan.mesh
-    mesh = resolve_mesh(_with_ep(plan.config.mesh, 1), plan.world)
+    mesh = resolve_mesh(with_ep(plan.config.mesh, 1), plan.world)
     return mesh if isinstance(mesh, Mesh) else None
 
 
@@ -139,15 +139,15 @@ def experts_fix(plan: Infeasible) -> Optional[str]:
     good: list[str] = _etp_fix(cfg, block, ep, etp) if block_bad else []
     bad: list[str] = []
     for k in (k for k in range(2, e + 1) if e % k == 0 and k != ep):
-        spec = _with_ep(cfg.mesh, k)
+        spec = with_ep(cfg.mesh, k)
         why = valid_reason(replace(cfg, mesh=spec))
         if why is None:
             good.append(f"ep {k} ({_field(spec)}: {counted(e // k, 'expert')} per ep rank, efsdp "
                         f"{block // (k * etp)}; the dense mesh unchanged)")
         else:
             bad.append(f"ep {k}: {why}")
-    if not good and valid_reason(replace(cfg, mesh=_with_ep(cfg.mesh, 1))) is None:
-        good.append(f"ep 1 ({_field(_with_ep(cfg.mesh, 1))}: every rank holds all {e} experts, no expert parallelism)")
+    if not good and valid_reason(replace(cfg, mesh=with_ep(cfg.mesh, 1))) is None:
+        good.append(f"ep 1 ({_field(with_ep(cfg.mesh, 1))}: every rank holds all {e} experts, no expert parallelism)")
     if not good:
         return None
     refused = f" (refused: {'; '.join(bad)})" if bad else ""

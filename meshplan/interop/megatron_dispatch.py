@@ -16,7 +16,7 @@ refused where they communicate.
 >>> dispatcher({"--moe-token-dispatcher-type": "alltoall"}, True, [])
 {}
 >>> dispatcher_flags("deepep")
-['--moe-token-dispatcher-type flex', '--moe-flex-dispatcher-backend deepep']
+['--moe-token-dispatcher-type flex', '--moe-flex-dispatcher-backend deepep', '--moe-grouped-gemm']
 """
 
 from __future__ import annotations
@@ -25,8 +25,14 @@ from meshplan.errors import ConfigError, printable
 
 TYPE, BACKEND, ENABLE = "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--moe-enable-deepep"
 PAD = "--moe-pad-expert-input-to-capacity"
+#: Megatron-LM's switch for the routed experts' grouped GEMM (TEGroupedMLP; off: SequentialMLP), a
+#: switch in its parser at d98e8a6 (``megatron_flag_list.toml``), default off.
+GROUPED = "--moe-grouped-gemm"
+#: Megatron-LM's EP all-to-all overlap (the dispatch and combine of one micro-batch beside another's
+#: compute), which meshplan does not model (:func:`overlap_note`).
+OVERLAP = "--overlap-moe-expert-parallel-comm"
 #: The flags this module reads (for the importer's list of used flags).
-FLAGS = (TYPE, BACKEND, ENABLE)
+FLAGS = (TYPE, BACKEND, ENABLE, GROUPED, OVERLAP)
 #: Megatron-LM's dispatcher types, its default first, with what each runs.
 TYPES = {"allgather": "all-gathers every token over tp x ep and keeps its experts' copies",
          "alltoall": "the all-to-all dispatch over ep", "flex": "runs a fused dispatch backend"}
@@ -75,7 +81,38 @@ def dispatcher(args: dict, active: bool, notes: list[str]) -> dict:
 
 
 def dispatcher_flags(moe_dispatcher: str) -> list[str]:
-    """The flags that run ``training.moe_dispatcher`` (the inverse of :func:`dispatcher`)."""
+    """The flags that run ``training.moe_dispatcher`` (the inverse of :func:`dispatcher`), with
+    :data:`GROUPED`: the plan times each rank's routed experts as one grouped GEMM (newcomer trial
+    nc58 #5: the export ran SequentialMLP, a loop of one GEMM per local expert)."""
     if moe_dispatcher == "deepep":
-        return [f"{TYPE} flex", f"{BACKEND} deepep"]
-    return [f"{TYPE} alltoall"]
+        return [f"{TYPE} flex", f"{BACKEND} deepep", GROUPED]
+    return [f"{TYPE} alltoall", GROUPED]
+
+
+def overlap_note(args: dict, active: bool, notes: list[str]) -> None:
+    """A note where :data:`OVERLAP` is given and ep communicates (``active``: ep x etp > 1): meshplan
+    does not model Megatron-LM's overlap of one micro-batch's EP all-to-alls with another's compute, so
+    the plan's and step's ep all-to-alls are as exposed as without the flag, an upper bound (newcomer
+    trial nc58 #4: the flag was only in the unused list, beside an ep hint built on that exposed time).
+
+    >>> n = []; overlap_note({OVERLAP: True}, True, n); n[0].split(":")[0]
+    '--overlap-moe-expert-parallel-comm not modelled'
+    """
+    if active and args.get(OVERLAP):
+        notes.append(f"{OVERLAP} not modelled: the ep all-to-alls are planned as exposed as without it, so step's "
+                     f"exposed ep (and an ep hint built on it) is an upper bound")
+
+
+def grouped_note(args: dict, local_experts: int, notes: list[str]) -> None:
+    """A note where an MoE job without :data:`GROUPED` holds more than one routed expert a layer on a
+    rank (``local_experts``): Megatron-LM then builds SequentialMLP (``megatron/core/transformer/moe/
+    experts.py``: one GEMM per local expert in turn), and meshplan times the experts as one grouped GEMM.
+
+    >>> n = []; grouped_note({}, 16, n); n
+    ['--moe-grouped-gemm not given: Megatron-LM runs SequentialMLP, the 16 local experts of a layer one GEMM after another; planned as one grouped GEMM (TEGroupedMLP): add --moe-grouped-gemm']
+    >>> n = []; grouped_note({}, 1, n); grouped_note({GROUPED: True}, 16, n); n
+    []
+    """
+    if local_experts > 1 and not args.get(GROUPED):
+        notes.append(f"{GROUPED} not given: Megatron-LM runs SequentialMLP, the {local_experts} local experts of a "
+                     f"layer one GEMM after another; planned as one grouped GEMM (TEGroupedMLP): add {GROUPED}")

@@ -13,7 +13,7 @@ The rule, ``megatron/training/arguments.py`` ``validate_args`` at NVIDIA/Megatro
   get_device_properties(...).major``, megatron/training/utils/common_utils.py:527; "no longer
   exists since the Blackwell architecture"), it asserts ``CUDA_DEVICE_MAX_CONNECTIONS == "1"``
   unless Torch FSDP2 or Megatron FSDP runs (then only a warning) or
-  ``--overlap-moe-expert-parallel-comm`` (which meshplan neither reads nor writes);
+  ``--overlap-moe-expert-parallel-comm`` (which meshplan notes as not modelled and does not write);
 - lines 1048 and 1166: under ``--use-torch-fsdp2`` and ``--use-megatron-fsdp`` it asserts the
   variable is not ``"1"``, whatever tp and cp (:func:`~meshplan.interop.megatron_write.fsdp_env_note`
   says so in an export's header).

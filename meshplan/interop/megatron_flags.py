@@ -12,7 +12,7 @@ import math
 
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
-from meshplan.interop.megatron_dispatch import dispatcher, is_deepep
+from meshplan.interop.megatron_dispatch import dispatcher, grouped_note, is_deepep, overlap_note
 from meshplan.interop.megatron_model import int_flag as _int
 
 #: Megatron-LM's parallel-size flags -> meshplan's axes (arguments.py at d98e8a6); dp has none: Megatron-LM
@@ -181,7 +181,13 @@ def routing(args: dict, notes: list[str]) -> dict:
 
 def comm_types(args: dict, deg: dict[str, int], moe: bool, notes: list[str]) -> dict:
     """``--moe-token-dispatcher-type`` (:func:`meshplan.interop.megatron_dispatch.dispatcher`: the
-    ``training.moe_dispatcher`` key it gives) and ``--cp-comm-type`` (:func:`cp_comm_type`)."""
+    ``training.moe_dispatcher`` key it gives), ``--moe-grouped-gemm``'s absence where a rank holds several
+    experts a layer (:func:`~meshplan.interop.megatron_dispatch.grouped_note`), ``--overlap-moe-expert-parallel-comm``
+    (:func:`~meshplan.interop.megatron_dispatch.overlap_note`) and ``--cp-comm-type``
+    (:func:`cp_comm_type`)."""
+    if moe and (experts := _int(args, "--num-experts")):
+        grouped_note(args, experts // deg["ep"], notes)
+    overlap_note(args, moe and deg["ep"] * deg["etp"] > 1, notes)
     return dispatcher(args, moe and deg["ep"] * deg["etp"] > 1, notes) | cp_comm_type(args, deg["cp"] > 1)
 
 

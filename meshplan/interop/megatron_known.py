@@ -38,18 +38,20 @@ def megatron_flags() -> frozenset[str]:
 def misspelt_flag(flag: str, used: Iterable[str], known: Iterable[str] = ()) -> Optional[ConfigError]:
     """The error for ``flag`` when it is neither a Megatron-LM flag (:func:`megatron_flags`) nor
     one meshplan reads (``used``) or knows from another version (``known``), and is a near miss
-    (:func:`~meshplan.interop.common.near_miss`) of one: a flag meshplan reads first, then any of
-    Megatron-LM's. None otherwise.
+    (:func:`~meshplan.interop.common.near_miss`) of one: a flag meshplan reads first (or one word
+    away from it, :func:`word_miss`), then any of Megatron-LM's. None otherwise.
 
     >>> misspelt_flag("--lr-decay-stlye", ["--seq-length"]).message
     'not a Megatron-LM flag (its parser refuses it); did you mean --lr-decay-style? (a Megatron-LM flag meshplan does not use)'
     >>> misspelt_flag("--lr-decay-style", []), misspelt_flag("--my-own-flag", [])
     (None, None)
+    >>> misspelt_flag("--expert-parallel-size", ["--expert-model-parallel-size"]).message
+    'not a Megatron-LM flag (its parser refuses it); did you mean --expert-model-parallel-size? (meshplan reads that one: misspelt, the setting would stay at its default)'
     """
     used = set(used)
     if flag in used or flag in megatron_flags() or flag in set(known):
         return None
-    hit = near_miss(flag[2:], {f[2:] for f in used})
+    hit = near_miss(flag[2:], {f[2:] for f in used}) or word_miss(flag[2:], {f[2:] for f in used})
     if hit is not None:
         return ConfigError(flag, f"not a Megatron-LM flag (its parser refuses it); did you mean --{hit}? "
                            f"(meshplan reads that one: misspelt, the setting would stay at its default)")
@@ -57,6 +59,35 @@ def misspelt_flag(flag: str, used: Iterable[str], known: Iterable[str] = ()) -> 
     if hit is not None:
         return ConfigError(flag, f"not a Megatron-LM flag (its parser refuses it); did you mean --{hit}? "
                            f"(a Megatron-LM flag meshplan does not use)")
+    return None
+
+
+#: Words whose presence flips a flag's meaning (``--no-create-attention-mask-in-dataloader``): never the
+#: one word :func:`word_miss` adds or drops.
+NEGATIONS = frozenset({"no", "disable", "not"})
+
+
+def word_miss(name: str, read: Iterable[str]) -> Optional[str]:
+    """The name of ``read`` whose words (split at ``-``) are ``name``'s with one word added or dropped,
+    in order, at least two shared, or None: a flag meshplan reads under another framework's or an
+    older name (newcomer trial nc58 #2: ``--expert-parallel-size 8`` was noted as a script's own flag
+    and the job planned at ep 1; ``--moe-topk 1`` at Megatron-LM's default top-2). Only the flags
+    meshplan reads are matched (:func:`misspelt_flag`), where losing the setting changes the plan.
+
+    >>> word_miss("expert-parallel-size", ["expert-model-parallel-size", "seq-length"])
+    'expert-model-parallel-size'
+    >>> word_miss("moe-topk", ["moe-router-topk"]), word_miss("lr", ["min-lr"]), word_miss("my-own-flag", ["own-flag-x"])
+    ('moe-router-topk', None, None)
+    >>> word_miss("create-attention-mask-in-dataloader", ["no-create-attention-mask-in-dataloader"]) is None
+    True
+    """
+    words = name.split("-")
+    for r in sorted(set(read)):
+        other = r.split("-")
+        short, long_ = (words, other) if len(words) < len(other) else (other, words)
+        if len(long_) - len(short) == 1 and len(short) >= 2 and any(  # not a "no-" switch: the opposite
+                long_[:i] + long_[i + 1:] == short and long_[i] not in NEGATIONS for i in range(len(long_))):
+            return r
     return None
 
 

@@ -13,7 +13,7 @@ from meshplan.interop.megatron_attention import FLASH_V2, WRITTEN
 from meshplan.interop.megatron_deepspeed_args import SOURCE as MDS_SOURCE, mds_model_flags
 from meshplan.interop.megatron_deepspeed import deepspeed_flags, deepspeed_note, recompute_flags
 from meshplan.spec.recompute_modules import flags as recompute_module_flags
-from meshplan.interop.megatron_dispatch import dispatcher_flags
+from meshplan.interop.megatron_dispatch import GROUPED, dispatcher_flags
 from meshplan.interop.megatron_env import env_note
 from meshplan.interop.megatron_flags import (NO_MASK, DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP,
                                              SHARDING)
@@ -108,7 +108,7 @@ def _parallel_flags(cfg: Config, mesh, deg: dict[str, int], mds: bool = False) -
     out += [f"--expert-model-parallel-size {mesh.ep}"] * (mesh.ep > 1)
     # at ep 1 too: Megatron-LM defaults etp to tp (arguments.py:587-588), so the planned etp is written
     out += [f"--expert-tensor-parallel-size {mesh.etp}"] * (mesh.ep > 1 or (m.is_moe and deg.get("tp", 1) > 1))
-    out += dispatcher_flags(t.moe_dispatcher) if m.is_moe else []
+    out += [f for f in dispatcher_flags(t.moe_dispatcher) if not (mds and f == GROUPED)] if m.is_moe else []
     # all-gather CP, or Transformer Engine's p2p ring (Megatron-LM's default; also what torch's ring becomes)
     out += [f"--cp-comm-type {'all_gather' if t.cp_attention == 'allgather' else 'p2p'}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel

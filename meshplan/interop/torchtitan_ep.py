@@ -23,6 +23,10 @@ the one :func:`~meshplan.interop.torchtitan_flavors.read_model` reads).
 {}
 >>> read_backend({}, True, [], "deepseek_v3")
 {}
+>>> read_backend({"moe_comm_backend": "deepep"}, True, [], "deepseek_v3")
+Traceback (most recent call last):
+...
+meshplan.errors.ConfigError: parallelism.moe_comm_backend: not a torchtitan job-TOML key (the name torchtitan's Python configs give the backend, model_registry(..., moe_comm_backend=)); in a job TOML write parallelism.expert_parallel_comm_backend = 'deepep'
 >>> write_backend("deepep")
 {'expert_parallel_comm_backend': 'deepep'}
 """
@@ -33,6 +37,9 @@ from meshplan.errors import ConfigError, printable
 from meshplan.spec.axes.ep import TORCH_ETP, TORCH_ETP_EP1
 
 KEY = "expert_parallel_comm_backend"
+#: The backend's name in torchtitan's Python configs (``model_registry(..., moe_comm_backend=)``, 7cec166 on),
+#: refused in a job TOML with the key to write there (:func:`read_backend`).
+PY_NAME = "moe_comm_backend"
 #: The backends of later torchtitan (Python configs, ``moe_comm_backend``), with what each runs.
 LATER = {"hybridep": "HybridEP's TMA kernels for GB200 NVL72 (torchtitan 156db2e, 2026-03-11)",
          "minimal_async_ep": "MinimalAsyncEP (torchtitan's Python configs)"}
@@ -45,6 +52,10 @@ def read_backend(par: dict, moe: bool, notes: list[str], family: str) -> dict:
     ``{"moe_dispatcher": "deepep"}`` for a ``family`` (``[model] name``) of :data:`DEEPEP_FAMILIES`; ``{}``
     with a note where torchtitan ignores it (a model without experts, or another family: the standard
     all-to-all planned); "standard" or absent -> ``{}``; another value a ConfigError naming the key."""
+    if PY_NAME in par:  # nc58 #7: the Python configs' name in a job TOML, listed unused, the backend left standard
+        raise ConfigError(f"parallelism.{PY_NAME}", f"not a torchtitan job-TOML key (the name torchtitan's Python "
+                          f"configs give the backend, model_registry(..., {PY_NAME}=)); in a job TOML write "
+                          f"parallelism.{KEY} = {printable(str(par[PY_NAME]))[:40]!r}")
     value = par.get(KEY)
     if value is None or value == "standard":
         return {}

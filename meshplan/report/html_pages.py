@@ -18,6 +18,7 @@ from typing import Optional
 
 from meshplan.comm.calibration_replaced import capacity_words
 from meshplan.compute.shapes import fused_qkv_words
+from meshplan.compute.recompute import op_replays_ep
 from meshplan.mesh.axes import order_words
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.html import (
@@ -64,7 +65,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), {nic_words(cl.node)}, world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
                         f"{sharding_words(t, c.origin, plan_replicates(plan))}, recompute {t.recompute} "
-                        f"({recompute_words(t, runtime(t, c.origin))}), {t.dtype_words}, "
+                        f"({recompute_words(t, runtime(t, c.origin), replays_ep=op_replays_ep(c.model, t))}), {t.dtype_words}, "
                         f"reserve {t.memory_reserve:.0%}")]
     if plan.mesh is not None:
         mesh = plan.mesh

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from meshplan.memory.headroom import retry_warning
+from meshplan.compute.recompute import op_replays_ep
 from meshplan.compute.routing import balance_note
 from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
@@ -70,7 +71,7 @@ def timeline_table(plan: Plan, all_stages: bool = False) -> Table:
     o, t = plan.config.memory, plan.config.training
     tab = Table(title="Memory timeline per rank, one training step (meshplan memory CONFIG for the events)",
                 title_justify="left",
-                caption=f"activations: {recompute_words(t, runtime(t, plan.config.origin))}; "
+                caption=f"activations: {recompute_words(t, runtime(t, plan.config.origin), replays_ep=op_replays_ep(plan.config.model, t))}; "
                         f"{_prefetch(t, o)}"
                         f"{reduce_words(t, plan.config.origin, o.fsdp_reduce_for(t, plan.pp))}, NCCL "
                         f"{o.comm_bytes_per_group / MiB:g} MiB per communicator, workspace {o.workspace_bytes / MiB:g} "

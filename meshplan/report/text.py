@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.compute.megatron_core import runtime_followed
+from meshplan.compute.recompute import op_replays_ep
 from meshplan.compute.shapes import fused_qkv_words
 from meshplan.memory.buffers import hpz_secondary_words
 from meshplan.memory.state_estimates import megatron_estimate, megatron_withheld, zero_textbook_bytes
@@ -126,11 +127,12 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
               f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), "
               f"{shown(nic_words(cl.node, ('step notes how they are timed',) * any(n.transport == 'roce' for n in cl.node.nics)))}"
               f", world {plan.world}")
-    tokens = t.global_batch * t.seq_len
+    tokens, ep_replay = t.global_batch * t.seq_len, op_replays_ep(c.model, t)
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
               f"{t.micro_batch}, sharding {sharding_words(t, c.origin, plan_replicates(plan))}, "
               f"recompute {t.recompute} "
-              f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines))}{_block_layers(plan)}), "
+              f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines), replays_ep=ep_replay)}"
+              f"{_block_layers(plan)}), "
               f"{t.dtype_words}, "
               f"reserve {t.memory_reserve:.0%}")
     if (mg := runtime_followed(m, t)) is not None:  # which Megatron-LM generation the step models

@@ -45,6 +45,7 @@ import numpy as np
 from meshplan.comm.deepspeed_zero12 import check_schedule
 from meshplan.comm.pp_rows import boundary_links, boundary_seconds
 from meshplan.compute.gemm import GemmTable
+from meshplan.compute.recompute import op_replays_ep
 from meshplan.compute.flops import (flop_gap, megatron_flops_per_iteration, sequence_model_flops,
                                     torchtitan_flops_per_token, torchtitan_flops_words,
                                     torchtitan_peak_flops)
@@ -118,7 +119,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     model_total, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
-                    "; ".join(w for w in (recompute_words(t, runtime(t, cfg.origin)), t.block_layers_text(plan.stages)) if w),
+                    "; ".join(w for w in (recompute_words(t, runtime(t, cfg.origin), replays_ep=op_replays_ep(cfg.model, t)),
+                                          t.block_layers_text(plan.stages)) if w),
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
                     tuple(stream_words(t, cfg.origin).items()),
                     mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),

@@ -22,13 +22,22 @@ MODULE_WORDS = {"core_attn": "attention core", "moe_act": "routed experts' activ
                 "moe": "MoE layer", "shared_experts": "shared experts"}
 
 
-def recompute_words(training, rt: str, short: bool = False) -> str:
+#: The ep all-to-alls in the op policy's words, by whether its replay issues them again (``replays_ep``).
+_OP_EP = {False: " and ep all-to-all outputs saved",
+          True: " outputs saved; the ep all-to-alls replayed with the MoE layer (this model's save list at "
+                "this op_sac_policy has no all_to_all_single)"}
+
+
+def recompute_words(training, rt: str, short: bool = False, replays_ep: bool = False) -> str:
     """The recompute policy ``training.recompute`` in runtime ``rt``'s words
     (:func:`meshplan.spec.wording.runtime`): DeepSpeed's (:func:`_deepspeed_recompute`), torch's
     ``selective`` (:func:`_torch_selective`), Megatron-LM's ``selective``
     (:func:`_megatron_selective`), each runtime's ``full`` (:data:`_FULL`) and torchtitan's
     ``layer`` and ``op``. DeepSpeed has no setting of its own for which blocks are checkpointed:
-    the model code calls ``deepspeed.checkpointing.checkpoint`` on them.
+    the model code calls ``deepspeed.checkpointing.checkpoint`` on them. ``replays_ep``: under ``op``,
+    whether the policy's save list leaves out the MoE all-to-alls, so the replay issues them again
+    (:func:`meshplan.compute.recompute.op_replays_ep`, which the caller asks: v0.2.2's qwen3; newcomer
+    trial nc58 #6, whose words said "saved" beside a table that replays them).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="full")
@@ -63,7 +72,7 @@ def recompute_words(training, rt: str, short: bool = False) -> str:
                      f"\"{training.ac_freq}\": every {training.ac_freq} layer(s) checkpointed in full)",
             "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
                   "matmul outputs saved but every second mm (the MoE router's gate always recomputed), SDPA, tp "
-                  "reduce-scatter and ep all-to-all outputs saved, the rest recomputed, tp all-gathers and the "
+                  f"reduce-scatter{_OP_EP[replays_ep]}, the rest recomputed, tp all-gathers and the "
                   "routed experts' grouped GEMMs included)",
             }[training.recompute]
 
