@@ -104,11 +104,13 @@ def test_the_option_refuses_as_the_field_does(tmp_path, capsys):
 def test_search_schedules_take_the_same_spellings():
     assert SearchOptions(pp_schedules=["1F1B", "ZBVZeroBubble", "DualPipeV"]).pp_schedules == ["1f1b", "zbv",
                                                                                                "dualpipev"]
+    # torch's InterleavedZeroBubble is searched as zb_h1 (one stage per rank; nc56 #3)
+    assert SearchOptions(pp_schedules=["InterleavedZeroBubble"]).pp_schedules == ["zb_h1"]
     with pytest.raises(ValueError, match=r"'Interleaved1F1B': the search plans interleaved 1F1B as 1f1b on "
                                          r"candidates with vpp > 1 \(\[search\] vpp\); write \"1f1b\""):
         SearchOptions(pp_schedules=["Interleaved1F1B"])
-    with pytest.raises(ValueError, match=r"'GPipe' \(gpipe\) is not searched; the search plans 1f1b, zbv and "
-                                         r"dualpipev"):
+    with pytest.raises(ValueError, match=r"'GPipe' \(gpipe\) is not searched; the search plans 1f1b, zbv, "
+                                         r"dualpipev and zb_h1"):
         SearchOptions(pp_schedules=["GPipe"])
     with pytest.raises(ValueError, match="unknown schedule 'LoopedBFS'; use gpipe, 1f1b"):
         SearchOptions(pp_schedules=["LoopedBFS"])
