@@ -118,14 +118,17 @@ def test_plan_tie_key_reads_the_settings_as_the_search_holds_them():
     stages [7, 9, 9, 7] (ends_short_split of 32 layers over 4), ZBV (PIPELINE index 1): 3
     settings off the default (ZB-V's vpp 2 comes with its name: tie_key.implied_vpp). The even split
     written out ([8, 8, 8, 8]) is no setting; GPipe,
-    which the search does not try, counts as one (index 3, after DualPipeV)."""
+    which the search does not try, counts as one (index 4, after DualPipeV 2 and ZB-H1 3, which the
+    search tries since nc56 #3); ZB-H1 at vpp 1 is one setting (its index 3), no vpp of its own."""
     mesh = {"names": ["pp", "dp_shard"], "shape": [4, 2]}
     p = _plan({"recompute": "full"}, mesh | {"virtual_stages": 2, "pp_schedule": "zbv", "pp_layer_split": [7, 9, 9, 7]})
     assert plan_tie_key(p) == (2, 4, 1, 3, 5, 0, 2, 0, 1, 1)
     even = _plan({"recompute": "none"}, mesh | {"pp_layer_split": [8, 8, 8, 8]})
     assert plan_tie_key(even) == (2, 4, 1, 0, 0, 0, 1, 0, 0, 0)
     gpipe = _plan({"recompute": "none"}, mesh | {"pp_schedule": "gpipe"})
-    assert plan_tie_key(gpipe) == (2, 4, 1, 1, 0, 0, 1, 0, 0, 3)
+    assert plan_tie_key(gpipe) == (2, 4, 1, 1, 0, 0, 1, 0, 0, 4)
+    zb = _plan({"recompute": "none"}, mesh | {"pp_schedule": "zb_h1"})
+    assert plan_tie_key(zb) == (2, 4, 1, 1, 0, 0, 1, 0, 0, 3)
 
 
 def test_the_pair_rule_is_the_search_rule():

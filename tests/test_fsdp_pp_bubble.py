@@ -105,3 +105,25 @@ def test_bubble_line_shows_the_fsdp_waits_apart():
         assert abs(got - want) < 1
     zero1 = step_time(_plan("zero1"))  # ZeRO-1: no FSDP collective inside the units
     assert zero1.without_fsdp_waits() is None and "FSDP waits" not in "\n".join(zero1.lines())
+
+
+def test_headline_bubble_is_read_from_the_waits_line():
+    """nc56 #6: the bubble line's idle/ideal counts the busiest stage's own FSDP waits as busy, so it is
+    neither the schedule's bubble nor bubble + waits. The line after the waits line says what it is:
+    stage s's idle (the waits line's total less its own waits) over its units' time with those waits.
+    By hand from the pipelines: idle = step - busy[s]; own waits w = busy[s] - bare busy[s]; idle + w =
+    step - bare busy[s], the waits line's total; idle / busy[s] = p.bubble (sim_types.ArrayResult.bubble)."""
+    st = step_time(_plan())
+    p, bare, lines = st.pipeline, st.without_fsdp_waits(), st.lines()
+    s = p.busiest_stage
+    idle, busy, w = p.step_s - float(p.busy_s[s]), float(p.busy_s[s]), float(p.busy_s[s] - bare.busy_s[s])
+    assert w > 0 and idle / busy == pytest.approx(p.bubble, rel=1e-12)
+    line = lines[3]
+    assert line.startswith(f"the bubble line's {p.bubble:.4f} idle/ideal = stage {s}'s idle ")
+    got_idle = float(line.split("'s idle ", 1)[1].split(" ms", 1)[0])
+    got_busy = float(line.split("own FSDP waits ", 1)[1].split(" ms", 1)[0])
+    total = float(line.split("its idle is the ", 1)[1].split(" ms", 1)[0])
+    got_w = float(line.split("less those waits, ", 1)[1].split(" ms", 1)[0])
+    assert abs(got_idle - idle * 1e3) <= 0.01 and abs(got_busy - busy * 1e3) <= 0.005 and abs(got_w - w * 1e3) <= 0.01
+    assert round(total * 100) == round(got_idle * 100) + round(got_w * 100)  # printed to add up
+    assert abs(total - (p.step_s - float(bare.busy_s[s])) * 1e3) <= 0.005  # the waits line's total

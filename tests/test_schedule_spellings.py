@@ -11,7 +11,7 @@ import pytest
 from meshplan.cli import main
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
-from meshplan.spec.mesh import MeshSpec, Schedule, parse_schedule
+from meshplan.spec.mesh import LOOPED_BFS_REFUSAL, MeshSpec, Schedule, parse_schedule
 from meshplan.spec.search import SearchOptions
 
 #: torch's get_schedule_class keys (torch/distributed/pipelining/schedules.py) and the class
@@ -42,7 +42,7 @@ def test_every_spelling_parses_to_its_schedule(name, schedule):
     assert MeshSpec(names=["pp"], shape=[2], pp_schedule=name).model_dump()["pp_schedule"] == schedule.value
 
 
-@pytest.mark.parametrize("name", ["LoopedBFS", "dualpipe", "zb_h2", "PipelineScheduleMulti", "1f1b2", "schedule"])
+@pytest.mark.parametrize("name", ["dualpipe", "zb_h2", "PipelineScheduleMulti", "1f1b2", "schedule"])
 def test_other_names_are_one_line_errors_listing_the_accepted_ones(name):
     with pytest.raises(ValueError) as e:
         parse_schedule(name)
@@ -96,19 +96,24 @@ def test_the_option_and_the_field_take_torchs_names_with_the_same_result(tmp_pat
 
 
 def test_the_option_refuses_as_the_field_does(tmp_path, capsys):
-    code, out, err = _step(tmp_path, capsys, "--schedule", "LoopedBFS")
+    code, out, err = _step(tmp_path, capsys, "--schedule", "dualpipe")
     assert (code, out) == (2, "")
-    assert err == f"error: --schedule: unknown schedule 'LoopedBFS'; {ACCEPTED}\n"
+    assert err == f"error: --schedule: unknown schedule 'dualpipe'; {ACCEPTED}\n"
+    # torch's ScheduleLoopedBFS: known, refused with why (nc56 #5; tests/test_looped_bfs_refused.py)
+    code, out, err = _step(tmp_path, capsys, "--schedule", "LoopedBFS")
+    assert (code, out, err) == (2, "", f"error: --schedule: {LOOPED_BFS_REFUSAL}\n")
 
 
 def test_search_schedules_take_the_same_spellings():
     assert SearchOptions(pp_schedules=["1F1B", "ZBVZeroBubble", "DualPipeV"]).pp_schedules == ["1f1b", "zbv",
                                                                                                "dualpipev"]
+    # torch's InterleavedZeroBubble is searched as zb_h1 (one stage per rank; nc56 #3)
+    assert SearchOptions(pp_schedules=["InterleavedZeroBubble"]).pp_schedules == ["zb_h1"]
     with pytest.raises(ValueError, match=r"'Interleaved1F1B': the search plans interleaved 1F1B as 1f1b on "
                                          r"candidates with vpp > 1 \(\[search\] vpp\); write \"1f1b\""):
         SearchOptions(pp_schedules=["Interleaved1F1B"])
-    with pytest.raises(ValueError, match=r"'GPipe' \(gpipe\) is not searched; the search plans 1f1b, zbv and "
-                                         r"dualpipev"):
+    with pytest.raises(ValueError, match=r"'GPipe' \(gpipe\) is not searched; the search plans 1f1b, zbv, "
+                                         r"dualpipev and zb_h1"):
         SearchOptions(pp_schedules=["GPipe"])
-    with pytest.raises(ValueError, match="unknown schedule 'LoopedBFS'; use gpipe, 1f1b"):
+    with pytest.raises(ValueError, match=r"LoopedBFS \(torch ScheduleLoopedBFS\) is not planned by meshplan"):
         SearchOptions(pp_schedules=["LoopedBFS"])

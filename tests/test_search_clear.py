@@ -30,8 +30,9 @@ SPACE = dict(micro_batch=[4], tp=[1, 2], cp=[1], sharding=["zero3"], reshard_aft
              tp_comm_overlap=[False], uneven_stages=[False], recompute=["none", "full"],
              pp_schedules=["1f1b", "zbv", "dualpipev"])
 MARGIN_PEAK_B = 0.85 * 0.9 * 6e9  # the highest peak that keeps 15% of the usable memory free
-CHECKED = ("the row warnings: under 15% of usable memory free, a V schedule under activation checkpointing (zbv, "
-           "dualpipev under framework torch), a runtime warning of the plan (plan and step print it)")
+CHECKED = ("the row warnings: under 15% of usable memory free, a split-backward schedule under activation "
+           "checkpointing (zbv, dualpipev, zb_h1 under framework torch), a runtime warning of the plan (plan and step "
+           "print it)")
 
 
 def _search(pp, model=None, tier=False):
@@ -97,7 +98,7 @@ def test_row_1_with_two_warnings_points_to_the_first_clear_row(to_pp8):
     lines = table_lines(r)
     (pointer,) = clear_lines(r)
     assert pointer == (
-        "warning: row 1 has 2 of the search's row warnings (under 15% of usable memory free; a V schedule under "
+        "warning: row 1 has 2 of the search's row warnings (under 15% of usable memory free; a split-backward schedule under "
         f"activation checkpointing); row 5 is the first row shown with none of them (pp 8, mb 4, full, vpp 1, zero3: "
         f"peak {five.peak_bytes / 2**30:.1f} GiB, {free:.1%} free; step {five.step_s:.3f} s, "
         f"{five.step_s / one.step_s - 1:.2%} longer than row 1's {one.step_s:.3f} s); {CHECKED}")
@@ -165,9 +166,9 @@ def test_no_row_clear_names_each_warning_with_its_setting():
     v = clear_verdict(r)
     assert list(v.warnings) == _by_hand(r) and v.first is None
     assert clear_lines(r) == [
-        "warning: row 1 has 2 of the search's row warnings (under 15% of usable memory free; a V schedule under "
+        "warning: row 1 has 2 of the search's row warnings (under 15% of usable memory free; a split-backward schedule under "
         "activation checkpointing); no row shown is clear of them (under 15% of usable memory free: 4 of 4, left out "
-        "by [memory] fragmentation_fraction = 0.15; a V schedule under activation checkpointing: 2 of 4, left out by "
+        "by [memory] fragmentation_fraction = 0.15; a split-backward schedule under activation checkpointing: 2 of 4, left out by "
         f"[search] pp_schedules = [\"1f1b\"]); {CHECKED}"]
     doc = search_to_dict(r)["first_clear_row"]
     assert doc["row"] is None and doc["line"] == clear_lines(r)[0].removeprefix("warning: ")

@@ -39,7 +39,7 @@ SPACE = dict(micro_batch=[4], recompute=["none"], sharding=["zero3"], reshard_af
              pp_schedules=["1f1b", "zbv", "dualpipev"])
 V_NO_DATA = {"pp 4 x tp 2, mb 4, none, vpp 2, zero3, zbv", "pp 4 x tp 2, mb 4, none, vpp 2, zero3, dualpipev"}
 FIX = ("let search.reshard_after_forward include false (training.reshard_after_forward = false, torchtitan's default "
-       "under pp), or drop zbv and dualpipev from search.pp_schedules")
+       "under pp), or drop zbv, dualpipev and zb_h1 from search.pp_schedules")
 
 
 def _labels(c, rows) -> set[str]:

@@ -196,7 +196,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     host memory than cluster.node.host_memory_gb is rejected, rule 'host', as plan rejects it.
 
     Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
-    (op-level "op" under framework torch, tp = cp = 1; Megatron's "selective" under torchtitan only
+    (op-level "op" under framework torch, cp = 1; Megatron's "selective" under torchtitan only
     where [search] recompute lists it; torchtitan's per-layer "layer", every 2nd layer, its default, with
     ep > 1 or MLA beside op, elsewhere only where [search] recompute lists it: it adds ~40% to a dense
     search's time; under framework megatron Megatron-LM's block recompute, shown "block n/k", the first n of
@@ -210,8 +210,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     split, or under training.framework megatron the one Megatron-LM's --decoder-first/last-pipeline-num-layers
     set (middle stages even: 61 layers at pp 16 as [3, 4 x 14, 2]); a pp where they set none is rejected,
     rule 'split' (61 layers at pp 32). [search] pp_schedules adds ZB-V and DualPipeV (zbv, dualpipev) on
-    candidates with pp > 1 and vpp 2 (an error under training.framework megatron, which runs neither); under
-    framework torch a ZB-V or DualPipeV candidate with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x
+    candidates with pp > 1 and vpp 2, and ZB-H1 (zb_h1) on those with pp > 1 and vpp 1 (an error under
+    training.framework megatron, which runs none of them); under
+    framework torch a ZB-V, DualPipeV or ZB-H1 candidate with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x
     dp_shard x cp > 1) and reshard_after_forward true is rejected, rule 'v-reshard': torch 2.13 computes no weight
     gradient for a layer unit resharded after its forward where the schedule splits its backward, so its gradients
     are wrong (validate refuses such a mesh; plan, step and compare warn; fix: reshard_after_forward false,

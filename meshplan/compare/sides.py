@@ -177,7 +177,7 @@ def plan_tie_key(plan: Plan) -> tuple[int, ...]:
     ``framework = "megatron"``, e.g. the short end stages) and the pipeline
     schedule (:data:`~meshplan.search.columns.PIPELINE`'s index; 1F1B or its interleaved order
     is 0, a schedule the search does not try :data:`~meshplan.search.tie_key.OTHER_SCHEDULE`; any
-    with pp 1). A schedule the search does not try (GPipe, ZB-H1) counts as one setting off the
+    with pp 1). A schedule the search does not try (GPipe) counts as one setting off the
     default like one it tries: the count is of what the user sets to get the run, here
     ``mesh.pp_schedule`` away from its default 1f1b (torchtitan's ``pipeline_parallel_schedule``
     default "1F1B"), whether or not the search enumerates it; at pp 1 the schedule runs nothing

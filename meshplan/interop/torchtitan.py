@@ -145,6 +145,7 @@ from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, mixed_note, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.mesh.validity import nearest_multiples
+from meshplan.spec.mesh import LOOPED_BFS_REFUSAL
 from meshplan.interop.torchtitan_tables import (
     kv_heads_read,
     MULTI_STAGE,
@@ -207,6 +208,8 @@ def _pipeline(par: dict, pp: int, layers: int, notes: list[str]) -> dict:
         return {}
     raw = str(par.get("pipeline_parallel_schedule", "1F1B"))
     sched = SCHEDULES.get(raw.lower().replace("_", ""))
+    if sched is None and raw.lower().replace("_", "") == "loopedbfs":
+        raise ConfigError("parallelism.pipeline_parallel_schedule", LOOPED_BFS_REFUSAL)
     if sched is None:
         raise ConfigError("parallelism.pipeline_parallel_schedule",
                           f"{raw!r} is not planned by meshplan; use one of {', '.join(SCHEDULE_NAMES.values())}, "

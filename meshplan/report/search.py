@@ -366,7 +366,7 @@ def knobs(d: dict) -> str:
     """The searched training knobs that are not the default: ``keep gathered`` or ``resharded``
     (reshard_after_forward off its default at the row's pp, ``reshard_after_forward_default``, null
     where it gathers nothing: :func:`~meshplan.search.columns.reshard_word`), ``tp overlap``,
-    ``short ends`` (Llama 3 split), a V-shaped pipeline schedule (``zbv``, ``dualpipev``), ``hpZ 8``
+    ``short ends`` (Llama 3 split), a zero-bubble pipeline schedule (``zbv``, ``dualpipev``, ``zb_h1``), ``hpZ 8``
     (DeepSpeed ZeRO++'s ``zero_hpz_partition_size`` above 1)."""
     default = d.get("reshard_after_forward_default")
     tag = reshard_word(None if default is None else d["reshard_after_forward"], bool(default))

@@ -11,7 +11,7 @@ runtime warnings):
   :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%) of the usable memory free while
   ``[memory] fragmentation_fraction`` is below it (:func:`meshplan.report.search_lines.tight`,
   the table's headroom warning; GMLake, ASPLOS 2024);
-- :data:`SPLIT_AC`: a V schedule (zbv, dualpipev) under activation checkpointing with framework
+- :data:`SPLIT_AC`: a split-backward schedule (zbv, dualpipev, zb_h1) under activation checkpointing with framework
   torch (:func:`meshplan.plan_runtime.split_backward_ac_warning`, the table's split-AC warning;
   torchtitan issue #773, pytorch issue #136766);
 - any other of :func:`meshplan.plan_runtime.config_warnings` of the row's config, named by the
@@ -42,9 +42,9 @@ from meshplan.units import GiB
 #: The headroom warning's name as the pointer lists it.
 HEADROOM = f"under {ALLOCATOR_FRAGMENTATION:.0%} of usable memory free"
 #: The split-backward warning's name as the pointer lists it.
-SPLIT_AC = "a V schedule under activation checkpointing"
+SPLIT_AC = "a split-backward schedule under activation checkpointing"
 #: Every row warning the search checks, as the pointer's last clause lists them.
-CHECKED = (HEADROOM, SPLIT_AC + " (zbv, dualpipev under framework torch)",
+CHECKED = (HEADROOM, SPLIT_AC + " (zbv, dualpipev, zb_h1 under framework torch)",
            "a runtime warning of the plan (plan and step print it)")
 #: The setting that leaves each named warning out of a search.
 SETTINGS = {HEADROOM: f"[memory] fragmentation_fraction = {ALLOCATOR_FRAGMENTATION:g}"}
@@ -102,10 +102,10 @@ def clear_line(r: SearchResult, v: ClearVerdict, subject: str = "row 1", e=None)
 def _settings(r: SearchResult, v: ClearVerdict) -> str:
     """The clause of :func:`clear_line` where no row shown is clear: per row warning the rows shown
     have, most rows first, how many have it and the one setting that leaves it out of a search
-    (``[search] pp_schedules`` without zbv and dualpipev for :data:`SPLIT_AC`; ``[memory]
+    (``[search] pp_schedules`` without zbv, dualpipev and zb_h1 for :data:`SPLIT_AC`; ``[memory]
     fragmentation_fraction = 0.15`` for :data:`HEADROOM`: the plan reserves the margin, so no row is
     under it); a runtime warning of the plan with no setting named."""
-    kept = [s for s in r.config.search.pp_schedules if s not in ("zbv", "dualpipev")] or ["1f1b"]
+    kept = [s for s in r.config.search.pp_schedules if s not in ("zbv", "dualpipev", "zb_h1")] or ["1f1b"]
     settings = SETTINGS | {SPLIT_AC: "[search] pp_schedules = [" + ", ".join(f'"{s}"' for s in kept) + "]"}
     counts: dict[str, int] = {}
     for w in v.warnings:

@@ -65,4 +65,19 @@ def fsdp_wait_line(st: StepTime) -> list[str]:
             f"waits add (all-gathers not hidden; after each chunk's last backward perform_reduce_grad's "
             f"reduce-scatters, which the compute stream waits for: the pipeline {bare.step_s * 1e3:.2f} -> "
             f"{p.step_s * 1e3:.2f} ms{each}); over its compute without the waits: {(r['y'] + r['z']) / 1e4:.4f} = "
-            f"{r['y'] / 1e4:.4f} + {r['z'] / 1e4:.4f}"]
+            f"{r['y'] / 1e4:.4f} + {r['z'] / 1e4:.4f}", _headline_line(p, s, c, y + z)]
+
+
+def _headline_line(p: ArrayResult, s: int, bare_busy: float, idle_and_waits: float) -> str:
+    """What the bubble line's idle/ideal (``p.bubble``) is made of, in the terms of the line above
+    (newcomer trial nc56 #6: 0.0787 beside a schedule's bubble of 407.57 ms and 373.70 ms of waits
+    read as neither): stage ``s``'s own FSDP waits ``w = busy[s] - bare_busy`` (its units lengthened
+    by them) count as busy there, so its idle ``step - busy[s]`` is ``idle_and_waits - w`` (the
+    schedule's bubble and the waits of the stages it waits for), over ``busy[s]``, its compute with
+    its waits; the printed idle and w add up to the line above's total (largest remainder)."""
+    w = float(p.busy_s[s]) - bare_busy
+    ms = rounded_to_total({"idle": p.idle_s * 1e5, "w": w * 1e5}, round(idle_and_waits * 1e5))
+    return (f"the bubble line's {p.bubble:.4f} idle/ideal = stage {s}'s idle {ms['idle'] / 100:.2f} ms / its compute "
+            f"with its own FSDP waits {float(p.busy_s[s]) * 1e3:.2f} ms; its idle is the {(ms['idle'] + ms['w']) / 100:.2f} "
+            f"ms above less those waits, {ms['w'] / 100:.2f} ms, counted as busy there (what it keeps is the schedule's "
+            f"bubble and the waits of the stages it waits for)")

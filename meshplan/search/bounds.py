@@ -36,7 +36,7 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   :func:`~meshplan.search.block_bounds.least_block`) counts none's on the ``max(n - b, 0)``
   layers each pass in flight keeps whole (:func:`meshplan.search.layer_replays.kept_layers`),
   without it none: a bound for every b.
-- **V-shaped schedules** (ZB-V, DualPipeV, ``Stages.vshape``): the lower bound keeps F and W
+- **Split-backward schedules** (ZB-V, DualPipeV, ZB-H1: ``Stages.vshape``): the lower bound keeps F and W
   without the embedding's, the head's and the kept roots' terms; the upper bound counts the
   head's saved activations once per pass in flight.
 - **Uneven chunks** (the Llama 3 split with vpp > 1: a stage's chunks differ by one layer):

@@ -66,9 +66,16 @@ FSDP_SHARDINGS = tuple(i for i, s in enumerate(SHARDING) if s in ("zero3", "hsdp
 #: its ``chunked`` order, interleaved 1F1B).
 SEARCHED = Schedule.ONE_F_ONE_B
 
-#: Values of the ``ps`` column: the default family, then the V-shaped schedules
-#: (``[search] pp_schedules``).
-PIPELINE = ("1f1b", "zbv", "dualpipev")
+#: Values of the ``ps`` column: the default family, then the V-shaped schedules, then ZB-H1
+#: (one chunk per rank; added last, so that the others kept their codes) (``[search] pp_schedules``).
+PIPELINE = ("1f1b", "zbv", "dualpipev", "zb_h1")
+
+#: The :data:`PIPELINE` codes whose chunk map is a V (stage 0 holds the model's first and last
+#: chunk: the head's stage is 0) and which take vpp 2: ZB-V, DualPipeV.
+V_CODES = (PIPELINE.index("zbv"), PIPELINE.index("dualpipev"))
+
+#: The :data:`PIPELINE` code of ZB-H1 (vpp 1, 1F1B's chunk map).
+ZB_H1_CODE = PIPELINE.index("zb_h1")
 
 
 @dataclass(frozen=True)
@@ -290,10 +297,10 @@ def axis_shown(name, sharding: str) -> str:
 def candidate_schedule(vpp: int, ps: int = 0) -> Schedule:
     """The schedule of a candidate with ``vpp`` chunks per rank and schedule column ``ps``:
     :data:`SEARCHED` with vpp 1, its ``chunked`` order (interleaved 1F1B) with vpp > 1; the
-    V-shaped one ``ps`` names (:data:`PIPELINE`).
+    zero-bubble one ``ps`` names (:data:`PIPELINE`: a V-shaped one at vpp 2, ZB-H1 at vpp 1).
 
-    >>> candidate_schedule(1), candidate_schedule(2), candidate_schedule(2, 1)
-    (<Schedule.ONE_F_ONE_B: '1f1b'>, <Schedule.INTERLEAVED_1F1B: 'interleaved_1f1b'>, <Schedule.ZBV: 'zbv'>)
+    >>> candidate_schedule(1), candidate_schedule(2), candidate_schedule(2, 1), candidate_schedule(1, 3)
+    (<Schedule.ONE_F_ONE_B: '1f1b'>, <Schedule.INTERLEAVED_1F1B: 'interleaved_1f1b'>, <Schedule.ZBV: 'zbv'>, <Schedule.ZB_H1: 'zb_h1'>)
     """
     return Schedule(PIPELINE[ps]) if ps else get(SEARCHED).for_chunks(vpp)
 

@@ -61,7 +61,7 @@ def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray, tt: Opti
         st = stage_layout(cfg, g, int(p))
         u = unit_bounds(cfg, tt, g, st, state(cfg, tables, g, st))
         for v, m, rf in sorted({(int(g.vpp[j]), int(micro[at[j]]), bool(g.rf[j])) for j in range(len(g))}):
-            # V-shaped schedules keep their closed-form bound: the unit bounds do not split the
+            # split-backward schedules (V-shaped, ZB-H1) keep their closed-form bound: the unit bounds do not split the
             # backward into input and weight gradients, which those DAGs need
             sel = np.flatnonzero((g.vpp == v) & (micro[at] == m) & (g.ps == 0) & ((g.rf > 0) == rf))
             if not len(sel):

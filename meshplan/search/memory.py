@@ -30,7 +30,7 @@ from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import experts_apart_degrees, local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
 from meshplan.search.candidate import megatron_split, sharding_training, stage_split
-from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates, candidate_schedule
+from meshplan.search.columns import RECOMPUTE, SHARDING, V_CODES, ZB_H1_CODE, Candidates, candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
 from meshplan.spec.axes.tp_kv import qkv_gathered
@@ -205,7 +205,8 @@ class Stages:
     m: np.ndarray          # micro-batches per step (per candidate, broadcast)
     m_run: np.ndarray      # micro-batches per schedule run (training.pp_schedule_runs; m with one run)
     w_step: np.ndarray     # w of one schedule over all m micro-batches (the step-time bounds': valid for runs)
-    vshape: np.ndarray     # a V-shaped schedule (ZB-V, DualPipeV; per candidate, broadcast)
+    vshape: np.ndarray     # a split-backward schedule, whose bounds keep the order-free terms only: the
+    #                        V-shaped ZB-V, DualPipeV, and ZB-H1 (per candidate, broadcast)
 
 
 def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
@@ -245,14 +246,16 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
         # interleaved, or the V-shaped one its ps names)
         w = np.where(v == 1, get(candidate_schedule(1)).in_flight(p, mm, 1, k),
                      get(candidate_schedule(2)).in_flight(p, mm, v, k))
-        for i in range(1, len(PIPELINE)):
+        for i in V_CODES:
             w = np.where(ps == i, get(candidate_schedule(2, i)).in_flight(p, mm, 2, k), w)
-        return w
+        # ZB-H1 (vpp 1): its F/B order is 1F1B's, W folded into B as the timeline counts it
+        # (meshplan.memory.schedule): 1F1B's count
+        return np.where(ps == ZB_H1_CODE, get(candidate_schedule(1, ZB_H1_CODE)).in_flight(p, mm, 1, k), w)
 
     w = in_flight(mr)
     w_step = w if p == 1 or cfg.training.pp_schedule_runs == 1 else in_flight(m)
     # the output layer's stage: the last, or stage 0 under a V (the schedule's last_stage)
-    last = np.where(ps > 0, k == 0, k == p - 1)
+    last = np.where(np.isin(ps, V_CODES), k == 0, k == p - 1)
     return Stages(k=np.broadcast_to(k, n.shape), first=np.broadcast_to(k == 0, n.shape),
                   last=np.broadcast_to(last, n.shape), n=n, n_moe=n - n_dense, n_chunk=n // v,
                   n_chunk_hi=-(-n // v), w=w,

@@ -56,18 +56,20 @@ MEGATRON_SPLIT_REFUSED = ("framework megatron: no layer split at this pp that Me
 #: true (column ``rf``), whose gradients torch 2.13 gets wrong (:data:`meshplan.pipeline.vshape.RESHARD_DEFECT`,
 #: why and the measurements; :func:`meshplan.pipeline.vshape.reshard_defect`, the condition of the plan's
 #: warning and validate's refusal). The same rows with ``reshard_after_forward`` false are kept.
-V_RESHARD_REFUSED = ("zbv or dualpipev with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x dp_shard x cp > 1) "
-                     "and reshard_after_forward true under framework torch: torch 2.13 computes no weight gradient "
-                     "for a layer unit resharded after its forward where the schedule splits its backward (measured "
-                     "by meshplan validate and tests/test_zbv_fsdp_torch.py), so its gradients are wrong; the same "
-                     "rows with reshard_after_forward false are kept")
-#: Whether each schedule of :data:`~meshplan.search.columns.PIPELINE` is V-shaped (rule ``v-reshard``).
+V_RESHARD_REFUSED = ("zbv, dualpipev or zb_h1 with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x dp_shard x "
+                     "cp > 1) and reshard_after_forward true under framework torch: torch 2.13 computes no weight "
+                     "gradient for a layer unit resharded after its forward where the schedule splits its backward "
+                     "(measured by meshplan validate, tests/test_zbv_fsdp_torch.py and tests/test_zbh1_fsdp_torch.py), "
+                     "so its gradients are wrong; the same rows with reshard_after_forward false are kept")
 #: The ``deepep`` rule under ``training.moe_dispatcher = "deepep"``: an ep x etp group of 1 rank or of a
 #: size DeepEP has no kernel config for (:func:`meshplan.comm.deepep.group_reason`, the plan's reason).
 DEEPEP_REFUSED = ("deepep: ep x etp 1 (Megatron-LM's flex dispatcher asserts TPxEP > 1) or a group size DeepEP has no "
                   "dispatch config for (Buffer.get_dispatch_config: 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160 ranks); "
                   "under framework torch also ep 1 or etp > 1 (torchtitan raises on both)")
-_V_SHAPED = np.array([isinstance(get(name), VShaped) for name in PIPELINE])
+#: Whether each schedule of :data:`~meshplan.search.columns.PIPELINE` has torch 2.13's reshard defect (rule
+#: ``v-reshard``): the V-shaped ones (:data:`meshplan.pipeline.vshape.RESHARD_DEFECT`) and ZB-H1, the same
+#: runtime's I/W split (:data:`meshplan.pipeline.zb_h1.RESHARD_DEFECT`); 1F1B and interleaved 1F1B run whole backwards.
+_SPLITS = np.array([isinstance(get(name), VShaped) or name == "zb_h1" for name in PIPELINE])
 
 _SCHEDULE_REASONS = (
     ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
@@ -76,6 +78,8 @@ _SCHEDULE_REASONS = (
                     "without p2p overlap (megatron)"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp, or under framework torch ep > 1 with activation "
                   "checkpointing and training.pp_ep_overlap (torchtitan raises NotImplementedError)"),
+    ("zb_h1", "ZB-H1: micro-batches not a multiple of torch's rounds max(1, m // pp) "
+              "(torch ScheduleInterleavedZeroBubble)"),
     ("engine", "zero3_engine deepspeed or deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered; "
                "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule "
                "other than 1F1B"),
@@ -194,6 +198,7 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (get("dualpipev").refused(c.pp, run_micro, t.framework)
                        # build_plan's dualpipev_ep_ac_reasons (plan_runtime): torchtitan's EP + DualPipeV + AC
                        | ((c.pp > 1) & (c.ep > 1) & bool(dualpipev_ep_ac_reasons(t, "dualpipev", 2, 2))))),
+        ("zb_h1", (c.ps == PIPELINE.index("zb_h1")) & get("zb_h1").refused(c.pp, run_micro, t.framework)),
         # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no
         # all-gather CP, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
         ("engine", ((t.searched_zero3_engine != "fsdp2") & (c.sh == SHARDING.index("zero3"))
@@ -211,8 +216,9 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
             (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (c.rf == 0))))),
         ("split", (t.framework == "megatron") & (c.vpp == 1) & (c.us == 0) & _no_first_last(m.layers, c.pp)),
         ("replicate", (t.framework == "torch") & c.replicated),
-        # torch 2.13's V-shaped schedules drop weight gradients of units resharded after forward (vshape.RESHARD_DEFECT)
-        ("v-reshard", _V_SHAPED[c.ps] & reshard_defect(t.framework, c.pp, c.fsdp2_over_data, c.rf)),
+        # torch 2.13's split-backward schedules drop weight gradients of units resharded after forward
+        # (vshape.RESHARD_DEFECT, zb_h1.RESHARD_DEFECT)
+        ("v-reshard", _SPLITS[c.ps] & reshard_defect(t.framework, c.pp, c.fsdp2_over_data, c.rf)),
         ("deepep", (t.moe_dispatcher == "deepep") & m.is_moe
          & (~np.isin(c.ep * c.etp, catalog.deepep_buffer()["group_sizes"])
             | ((t.framework == "torch") & ((c.ep < 2) | (c.etp > 1))))),

@@ -48,7 +48,8 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
   node's GPU count and 1 on the zero3 rows DeepSpeed's ZeRO-3 runs whose data axis is the whole
   world over more than one node, or the config sets hpZ (:func:`hpz_applies`), 1 elsewhere;
 - the pipeline schedule (``[search] pp_schedules``): 1F1B / interleaved 1F1B (``ps`` 0), and
-  where asked with pp > 1 and vpp 2 the V-shaped ZB-V (1) and DualPipeV (2);
+  where asked with pp > 1 and vpp 2 the V-shaped ZB-V (1) and DualPipeV (2), with pp > 1 and vpp 1
+  ZB-H1 (3) (:func:`_expand_schedules`);
 - with pp >= 3, also :func:`ends_short_split` (first and last stage lighter by the embedding
   and the output layer, Llama 3's rule): with vpp 1 where it differs from the default split;
   with vpp > 1 (interleaved 1F1B) where (layers + 2) / (pp x vpp) is a whole number >= 1
@@ -69,10 +70,14 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 ...                            # not a multiple of pp x vpp: no short-ends interleaved candidate; less zero1
 ...                            # rows without a data axis, their zero3 twins kept (no_data_axis_twin); no
 ...                            # selective under torchtitan (searched_recompute): 2,348 with it, whose
-...                            # 2,124 rows other than op were a third each none, selective, full (-708)
-(1640, 8)
->>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())  # 16 at pp 8 left
-(224, 1)
+...                            # 2,124 rows other than op were a third each none, selective, full (-708);
+...                            # op at tp > 1 too since nc57 #7 (op_recompute_ok: cp = 1): + 144, one op row
+...                            # per none row at cp 1 and tp > 1
+(1784, 8)
+>>> # one per none row at cp 1: 224 at tp 1 (16 at pp 8 left) + 144 at tp 2, 4, 8
+>>> op = c.rc == RECOMPUTE.index("op")
+>>> int(op.sum()), int((op & (c.tp == 1)).sum()), int(c.tp[op].max())
+(368, 224, 8)
 >>> candidate_config(cfg, c, 0).mesh.names, SHARDING[c.sh[0]]  # ZeRO-1: its data axis is dp (axis_shown)
 (['dp'], 'zero1')
 """
@@ -245,14 +250,7 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     cols = _expand(cols, "us", _flags(o.uneven_stages, False), short_ok(cfg, cols["pp"], cols["vpp"]), 0)
     keep = (cols["us"] > 0) | (cols["even"] > 0)  # vpp > 1 with pp not dividing the layers: the short ends only
     cols = {k: v[keep] for k, v in cols.items() if k != "even"}
-    piped = cols["pp"] > 1
-    # the V-shaped schedules take the default (even) chunks: their chunk map puts the model's
-    # ends on one stage, which the Llama 3 split's lighter first and last stage does not fit
-    cols = _expand(cols, "ps", [PIPELINE.index(x) for x in PIPELINE if x in o.pp_schedules],
-                   piped & (cols["vpp"] == 2) & (cols["us"] == 0), 0)
-    if "1f1b" not in o.pp_schedules:  # only the V-shaped schedules with pp > 1 (pp read after ps's expansion)
-        keep = (cols["pp"] <= 1) | (cols["ps"] > 0)
-        cols = {k: v[keep] for k, v in cols.items()}
+    cols = _expand_schedules(cols, o.pp_schedules)
     keep = ~no_data_axis_twin(cfg, cols)
     cols = {k: v[keep] for k, v in cols.items()}
     own = {f.name for f in fields(Candidates)} - {"hz"}
@@ -263,6 +261,36 @@ def enumerate_candidates(cfg: Config) -> Candidates:
                       rn=np.zeros(len(cols["pp"]), dtype=np.int64) if block else None,
                       rm=np.zeros(len(cols["pp"]), dtype=np.int64) if block else None,
                       rk=chunk_layers(cfg, cols["pp"], cols["vpp"], cols["us"]) if block else None)
+
+
+def _expand_schedules(cols: dict, schedules) -> dict:
+    """``cols`` with the ``ps`` column (:data:`PIPELINE`): each row with pp > 1 once per schedule of
+    ``schedules`` (``[search] pp_schedules``) that runs at its vpp and split: 1F1B (interleaved 1F1B
+    with vpp > 1) everywhere, the V-shaped ones at vpp 2 with the default (even) chunks (their chunk
+    map puts the model's ends on one stage, which the Llama 3 split's lighter first and last stage
+    does not fit), ZB-H1 at vpp 1 with either split (1F1B's chunk map: torch builds it with one stage
+    per rank, :func:`meshplan.spec.mesh.multi_stage_refusal` refuses more); a row no listed schedule
+    runs is left out, and the pp 1 rows are kept once (``ps`` 0).
+
+    >>> cols = {"pp": np.array([1, 2, 2, 2]), "vpp": np.array([1, 1, 2, 2]), "us": np.array([0, 1, 0, 1])}
+    >>> out = _expand_schedules(cols, ["1f1b", "zbv", "zb_h1"])
+    >>> list(zip(out["pp"].tolist(), out["vpp"].tolist(), out["ps"].tolist()))
+    [(1, 1, 0), (2, 1, 0), (2, 1, 3), (2, 2, 0), (2, 2, 1), (2, 2, 0)]
+    >>> _expand_schedules(cols, ["zb_h1"])["ps"].tolist()
+    [0, 3]
+    """
+    piped = cols["pp"] > 1
+    runs = {"1f1b": piped, "zbv": piped & (cols["vpp"] == 2) & (cols["us"] == 0),
+            "dualpipev": piped & (cols["vpp"] == 2) & (cols["us"] == 0), "zb_h1": piped & (cols["vpp"] == 1)}
+    parts = [np.flatnonzero(~piped)] + [np.flatnonzero(runs[name]) for name in PIPELINE if name in schedules]
+    codes = [np.zeros(parts[0].size, dtype=np.int64)] + [np.full(rows.size, PIPELINE.index(name), dtype=np.int64)
+                                                          for name, rows in zip([x for x in PIPELINE if x in schedules],
+                                                                                parts[1:])]
+    idx, ps = np.concatenate(parts), np.concatenate(codes)
+    order = np.lexsort((ps, idx))  # each row's schedules next to it, in PIPELINE's order
+    out = {k: v[idx[order]] for k, v in cols.items()}
+    out["ps"] = ps[order]
+    return out
 
 
 def hpz_values(cfg: Config) -> list[int]:

@@ -18,8 +18,7 @@ pipelining/schedules.py), and a checkpointed region recomputes on every distinct
 pipelining schedules read do not enter one). What such a run is reported to do, torchtitan
 issue #773 (open) and pytorch issue #136766, is :data:`meshplan.plan_runtime.SPLIT_BACKWARD_AC`.
 
-The search plans the V-shaped ones (``[search] pp_schedules``: zbv, dualpipev; ZB-H1 is not
-searched), less the rows with FSDP2 over a data axis and ``reshard_after_forward`` true, which it
+The search plans them where asked (``[search] pp_schedules``: zbv, dualpipev, zb_h1), less the rows with FSDP2 over a data axis and ``reshard_after_forward`` true, which it
 rejects whatever the recompute (rule ``v-reshard``: torch 2.13 gets their gradients wrong,
 :data:`meshplan.pipeline.vshape.RESHARD_DEFECT`) and the note does not count, since they are not kept;
 under ``training.framework = "megatron"`` they are an error before the search
@@ -45,7 +44,7 @@ def split_ac_table(training) -> np.ndarray:
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> split_ac_table(TrainingSpec(global_batch=8, seq_len=16)).astype(int).tolist()  # rows none..block
-    [[0, 0, 0], [0, 0, 0], [0, 1, 1], [0, 1, 1], [0, 1, 1], [0, 1, 1]]
+    [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 1, 1], [0, 1, 1, 1], [0, 1, 1, 1]]
     >>> split_ac_table(TrainingSpec(global_batch=8, seq_len=16, framework="megatron")).any()
     np.False_
     """
@@ -74,4 +73,13 @@ def split_ac_notes(cfg: Config, c: Candidates, code: np.ndarray) -> list[str]:
             "checkpointing (a torchtitan activation_checkpoint.mode other than none) under training.framework "
             f"\"torch\": kept and ranked by the schedule's step without the slowdown reported, since neither "
             f"torchtitan nor torch refuses them: {SPLIT_BACKWARD_AC}; to leave them out, set [search] recompute "
-            "= [\"none\"] or drop zbv and dualpipev from [search] pp_schedules"]
+            f"= [\"none\"] or drop {_listed(scheds.split('/'))} from [search] pp_schedules"]
+
+
+def _listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``.
+
+    >>> _listed(["zbv"]), _listed(["zbv", "zb_h1"]), _listed(["zbv", "dualpipev", "zb_h1"])
+    ('zbv', 'zbv and zb_h1', 'zbv, dualpipev and zb_h1')
+    """
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]

@@ -30,7 +30,7 @@ def _on_off(v: int) -> str:
 
 
 #: A plan's pipeline schedule outside the search's (:data:`PIPELINE`: 1F1B and its
-#: interleaved order, ZBV, DualPipeV), e.g. GPipe: off the default, after those.
+#: interleaved order, ZBV, DualPipeV, ZB-H1), e.g. GPipe: off the default, after those.
 OTHER_SCHEDULE = len(PIPELINE)
 
 
@@ -69,14 +69,15 @@ def simplicity_of(degree: Callable[[str], int]) -> tuple[int, int, int]:
 def implied_vpp(schedule: int) -> int | None:
     """The virtual stages a schedule of :data:`PIPELINE` index ``schedule`` fixes by itself: 2
     for a V-shaped one (ZB-V, DualPipeV: two chunks per rank, :attr:`PipelineSchedule.chunks
-    <meshplan.pipeline.base.PipelineSchedule.chunks>`), None for 1F1B and its interleaved order
-    and for :data:`OTHER_SCHEDULE`, whose vpp is set apart. torchtitan sets no vpp for a V-shape:
+    <meshplan.pipeline.base.PipelineSchedule.chunks>`), None for 1F1B and its interleaved order,
+    for ZB-H1 (vpp 1: no vpp setting either) and for :data:`OTHER_SCHEDULE`, whose vpp is set apart. torchtitan sets no vpp for a V-shape:
     ``pipeline_parallel_schedule = "ZBVZeroBubble"`` (or ``"DualPipeV"``) alone builds 2 x pp model
     parts (:data:`meshplan.interop.torchtitan_tables.V_SCHEDULES`, as ``import`` reads it), and
     torch's ZB-V and DualPipeV take exactly two stages per rank, so that vpp 2 is no setting of its own.
 
     >>> implied_vpp(0), implied_vpp(PIPELINE.index("zbv")), implied_vpp(PIPELINE.index("dualpipev"))
     (None, 2, 2)
+    >>> implied_vpp(PIPELINE.index("zb_h1"))
     """
     return get(Schedule(PIPELINE[schedule])).chunks if 0 < schedule < len(PIPELINE) else None
 

@@ -82,9 +82,9 @@ shortest chunk (``Stages.n_chunk``): each unit term grows with the chunk's layer
 bound of a longer chunk's unit is never below it; the chunk with the fewest MoE layers takes
 the longest chunk (``n_chunk_hi``) for the others.
 
-Under a V-shaped schedule (ZB-V, DualPipeV) only the fill and every stage's busy time and
-end are kept (the last unit is a weight gradient; the gradient returns through input
-gradients whose bound the units do not separate).
+Under a split-backward schedule (ZB-V, DualPipeV, ZB-H1: ``Stages.vshape``) only the fill and
+every stage's busy time and end are kept (the last unit is a weight gradient; the gradient
+returns through input gradients whose bound the units do not separate).
 
 Left out: the **SM contention**, the kernels' slowdown while collectives' NCCL channels hold SMs
 (:func:`meshplan.schedule.row_shares.nccl_sm_share`: the NVLink fabric's catalog channels and the
@@ -156,7 +156,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
             + (st.m - st.w_step) * f0 + 2 * (st.k.shape[1] - 1) * p2p + u["b_red"])
     # (its copy-ins after its send: not on the way back to stage 0)
     one_f = np.maximum(path - u["b_red"] + tail[:, :1] + end[:, :1], path - drain + tail + end).max(axis=1)
-    # V-shaped schedules: stage k still starts after micro-batch 0's chunk-0 forward through
+    # split-backward schedules (V-shaped, ZB-H1): stage k still starts after micro-batch 0's chunk-0 forward through
     # stages 0..k-1 and runs every unit, but its last unit is a weight gradient (tail not
     # bounded here) and the gradient's way back runs input gradients only (no drain bound)
     v_out = (fill + busy + end).max(axis=1)

@@ -57,6 +57,21 @@ def multi_stage_refusal(v: int) -> str:
             f"ZBVZeroBubble or DualPipeV, or one stage per rank")
 
 
+#: Why torch's ``ScheduleLoopedBFS`` is refused (newcomer trial nc56 #5), the one sentence of
+#: ``mesh.pp_schedule``, ``step --schedule`` and a torchtitan job's ``pipeline_parallel_schedule``. Its
+#: order, read in torch 2.13's source (torch/distributed/pipelining/schedules.py,
+#: ``ScheduleLoopedBFS._calculate_single_rank_operations``): rank r idles r slots, runs every micro-batch's
+#: forward of its first local stage (r), then of each later one (r + pp, ...), idles 2 (pp - 1 - r) slots,
+#: then runs the backwards stage by stage in reverse, micro-batches in reverse order. No meshplan schedule
+#: runs that order (GPipe's one stage per rank runs its backwards in micro-batch order, and meshplan's
+#: simulator, memory timeline and validate take no padded idle slots), so it is not planned rather than
+#: planned as something else.
+LOOPED_BFS_REFUSAL = ("LoopedBFS (torch ScheduleLoopedBFS) is not planned by meshplan: its order (every local stage's "
+                      "forwards of all micro-batches, then their backwards in reverse micro-batch order, holding all "
+                      "m x v micro-batch chunks' activations) is not one it models; use interleaved_1f1b (the same "
+                      "looped stages, 1F1B order) or gpipe (one stage per rank, forwards then backwards)")
+
+
 #: Every spelling of a schedule that meshplan accepts, by :func:`_squash`: its own names, and
 #: the names users of other tools type. torch.distributed.pipelining (``get_schedule_class``
 #: in ``schedules.py``, case-insensitive, as torchtitan's
@@ -86,12 +101,17 @@ def parse_schedule(name) -> Schedule:
     >>> parse_schedule("dualpipe")
     Traceback (most recent call last):
     ValueError: unknown schedule 'dualpipe'; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv, dualpipev, or torch.distributed.pipelining's GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble (= zb_h1, one stage per rank), ZBVZeroBubble, DualPipeV (any case)
+    >>> parse_schedule("ScheduleLoopedBFS")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: LoopedBFS (torch ScheduleLoopedBFS) is not planned by meshplan: its order ...
     """
     if isinstance(name, Schedule):
         return name
     if not isinstance(name, str):
         raise ValueError(f"give a schedule's name as a string (got {str(name)[:60]}); use {SCHEDULE_NAMES_HELP}")
     found = SCHEDULE_SPELLINGS.get(_squash(name))
+    if found is None and _squash(name) == "loopedbfs":
+        raise ValueError(LOOPED_BFS_REFUSAL)
     if found is None:
         raise ValueError(f"unknown schedule {name[:60]!r}; use {SCHEDULE_NAMES_HELP}")
     return found

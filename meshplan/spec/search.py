@@ -23,8 +23,8 @@ from meshplan.spec.mesh import Schedule, parse_schedule
 Recompute = Literal["none", "selective", "full", "op", "layer", "block"]
 Sharding = Literal["zero1", "zero2", "zero3", "hsdp"]
 #: Pipeline schedules the search plans: ``1f1b`` (1F1B with vpp 1, interleaved 1F1B with
-#: vpp > 1) and the V-shaped ``zbv`` and ``dualpipev`` (vpp 2).
-SearchedSchedule = Literal["1f1b", "zbv", "dualpipev"]
+#: vpp > 1), the V-shaped ``zbv`` and ``dualpipev`` (vpp 2) and ZB-H1 ``zb_h1`` (vpp 1).
+SearchedSchedule = Literal["1f1b", "zbv", "dualpipev", "zb_h1"]
 #: The frameworks a search plans under (:data:`meshplan.search.frameworks.FRAMEWORKS`, ``[search] frameworks``).
 SearchedFramework = Literal["torch", "megatron", "deepspeed", "megatron_deepspeed"]
 
@@ -101,7 +101,7 @@ class SearchOptions(BaseModel):
       contract's ``micro_batch`` is ignored, its ``global_batch`` and ``seq_len`` are kept).
     - ``recompute``: allowed policies (default all four: ``none``, ``selective``, ``full``, and
       torchtitan's op-level selective AC ``op``, searched under ``training.framework = "torch"``
-      with FSDP2 only, on candidates with tp = cp = 1 (any ep, MLA too): Megatron-LM and
+      with FSDP2 only, on candidates with cp = 1 (any tp and ep, MLA too): Megatron-LM and
       DeepSpeed have no such policy, and a config listing it for them gets an error naming
       ``search.recompute``; where torchtitan runs the rows the default leaves ``selective``,
       Megatron-LM's core-attention recompute, out, and a list naming it searches it:
@@ -138,8 +138,9 @@ class SearchOptions(BaseModel):
     - ``pp_schedules``: pipeline schedules of candidates with pp > 1 (default ``["1f1b"]``:
       1F1B with vpp 1, interleaved 1F1B with vpp > 1); ``zbv`` and ``dualpipev`` add the
       V-shaped schedules (torch ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``) on
-      candidates with vpp 2; leaving ``1f1b`` out keeps only those with pp > 1. Under
-      ``training.framework = "megatron"`` they are an error (Megatron-LM runs neither:
+      candidates with vpp 2, ``zb_h1`` ZB-H1 (torch ``ScheduleInterleavedZeroBubble`` with one
+      stage per rank) on candidates with vpp 1; leaving ``1f1b`` out keeps only those with pp > 1. Under
+      ``training.framework = "megatron"`` they are an error (Megatron-LM runs none of them:
       :func:`meshplan.pipeline.registry.check_searched`, at the search's start).
     - ``max_tp``: largest tp (default: GPUs per NVLink domain, so tp groups stay on NVLink).
     - ``top``: candidates printed (default 10).
@@ -292,8 +293,8 @@ class SearchOptions(BaseModel):
             if sched is Schedule.INTERLEAVED_1F1B:
                 raise ValueError(f"{name!r}: the search plans interleaved 1F1B as 1f1b on candidates with vpp > 1 "
                                  f"([search] vpp); write \"1f1b\"")
-            if sched not in (Schedule.ONE_F_ONE_B, Schedule.ZBV, Schedule.DUALPIPEV):
-                raise ValueError(f"{name!r} ({sched}) is not searched; the search plans 1f1b, zbv and dualpipev")
+            if sched not in (Schedule.ONE_F_ONE_B, Schedule.ZBV, Schedule.DUALPIPEV, Schedule.ZB_H1):
+                raise ValueError(f"{name!r} ({sched}) is not searched; the search plans 1f1b, zbv, dualpipev and zb_h1")
             out.append(str(sched))
         return out
 
