@@ -77,11 +77,12 @@ def test_when_no_smaller_tp_fits_the_note_names_what_stays_exposed():
 
 
 def test_the_step_command_names_the_files_own_key(capsys):
-    """Through the CLI on the registry itself, the hint line names torchtitan's key for the overlap."""
+    """Through the CLI on the registry itself, the hint line names the file's key for the overlap:
+    b5bcd76's CompileConfig(enable_async_tensor_parallel=True), compile.enable_async_tensor_parallel."""
     from tests.cli_run import run_main
     code = run_main("step", TOML.parent / "llama3" / "config_registry.py.txt", "--config", "llama3_70b",
                     "--cluster", "dgx-h100", "--nodes", "8")
     out = capsys.readouterr().out
     assert code == 0
-    assert ("hint: exposed tp is 21.8% of the step (8.74 s of 40.12 s) with parallelism.enable_async_tensor_parallel "
+    assert ("hint: exposed tp is 21.8% of the step (8.74 s of 40.12 s) with compile.enable_async_tensor_parallel "
             "already on (torchtitan's async TP): shorter with mesh pp 2 x dp_shard 8 x tp 4") in out
