@@ -61,6 +61,35 @@ def closest(name: object, names: Iterable[str], cutoff: float = 0.75) -> Optiona
     return lower[near[0]] if near else None
 
 
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance of ``a`` and ``b`` (insertions, deletions, substitutions)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def closest_all(name: object, names: Iterable[str], cutoff: float = 0.75) -> list[str]:
+    """Every entry of ``names`` as close to ``name`` as :func:`closest`'s (the fewest edits among
+    difflib's matches of at least ``cutoff``), in ``names``' order: a did-you-mean that does not
+    pick one of two equally likely typos (newcomer trial 57 #9: ``llama3_80b`` is one edit from
+    both ``llama3_8b`` and ``llama3_70b``).
+
+    >>> closest_all("llama3_80b", ["llama3_8b", "llama3_70b", "llama3_405b"]), closest_all("x", ["llama3_8b"])
+    (['llama3_8b', 'llama3_70b'], [])
+    """
+    if not isinstance(name, str):
+        return []
+    names = list(names)
+    if (same := closest(name, names, 1.0)) is not None:
+        return [same]
+    near = set(difflib.get_close_matches(name.lower(), [n.lower() for n in names], n=len(names), cutoff=cutoff))
+    edits = {n: _edits(name.lower(), n.lower()) for n in names if n.lower() in near}
+    return [n for n, e in edits.items() if e == min(edits.values())]
+
+
 def near_names(name: object, names: Iterable[str], cutoff: float = 0.75) -> list[str]:
     """What an unknown ``name`` may have meant: :func:`closest` where there is one, else every
     entry of ``names`` that contains ``name`` (case ignored, at least 2 characters: ``h100`` of

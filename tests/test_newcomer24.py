@@ -76,12 +76,20 @@ def test_torchtitan_reshard_default_left_unset(tmp_path, policy, given, at_pp4, 
     assert (t.at_pp(4).reshard_after_forward, t.at_pp(1).reshard_after_forward) == (at_pp4, at_pp1)
 
 
+#: The reshard rule where a job TOML's torchtitan (v0.2.2, planned as 238fa99) has it: ``case "default":
+#: reshard_after_forward = not pp_enabled`` in llama3's apply_fsdp (llama4's for the MoE models).
+TT238 = ("torchtitan 238fa99 models/llama3/infra/parallelize.py:324-327, the MoE models' "
+         "models/llama4/infra/parallelize.py:363-366")
+
+
 def test_torchtitan_reshard_default_note_and_round_trip(tmp_path, capsys):
     job = _job(tmp_path, "default")
     assert run_main("plan", job, "--cluster", "dgx-h100", "--nodes", "32") == 0
     out = capsys.readouterr().out
+    # a job TOML is planned as 238fa99 (v0.2.2's code) runs it: the rule's lines there (nc57 #9; b5bcd76's
+    # distributed/fsdp.py:124-133 before), the same at v0.2.2 (73a0e69) and e347b1e
     assert ('note: parallelism.fsdp_reshard_after_forward = "default": planned false under pp 4 ("default" is '
-            'not pp_enabled: torchtitan b5bcd76 distributed/fsdp.py:124-133), each chunk\'s parameters kept '
+            f'not pp_enabled: {TT238}), each chunk\'s parameters kept '
             'gathered from its forward to its backward') in out
     back = tmp_path / "back.toml"
     assert run_main("export", job, "--to", "torchtitan", "--cluster", "dgx-h100", "--nodes", "32", "-o", back) == 0
@@ -99,8 +107,8 @@ def test_torchtitan_reshard_note_says_what_the_file_said(tmp_path, capsys, polic
     job = _job(tmp_path, policy)
     assert run_main("plan", job, "--cluster", "dgx-h100", "--nodes", "32") == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if "fsdp_reshard_after_forward" in x]
-    assert lines == [f'note: {said}: planned false under pp 4 ("default" is not pp_enabled: torchtitan b5bcd76 '
-                     f'distributed/fsdp.py:124-133), each chunk\'s parameters kept gathered from its forward to its '
+    assert lines == [f'note: {said}: planned false under pp 4 ("default" is not pp_enabled: {TT238}), each '
+                     f'chunk\'s parameters kept gathered from its forward to its '
                      f'backward (no backward all-gather); set it to "always" to reshard after forward']
     cfg = load_any(job, opts=H100_32)
     assert cfg.source_said == ((("parallelism.fsdp_reshard_after_forward", "default"),) if policy else ())

@@ -140,7 +140,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     where it does not fit, its step where it is not more than 1% shorter, refused or infeasible). Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
     'hint:' line with it re-planned as the framework runs it (torch: with torch_compile, which async TP needs),
     shown only when that step is more than 1% shorter, else a 'note: no tp hint' line with the re-plan's step and
-    why (a foreign CONFIG's 'hint:' and 'fix:' lines name its own keys where it has them). Where the ep group spans
+    why; with it on, the mesh re-planned at tp / 2, tp / 4, ... (the data axis doubled), else a 'note: no tp hint'
+    line naming what the overlap leaves exposed and each move's outcome (a foreign CONFIG's 'hint:' and 'fix:' lines name its own keys where it has them). Where the ep group spans
     nodes and its all-to-alls (exposed ep and the bubble's wait for it) cost the critical stage 15% of the step or
     more, a 'hint:' line with each smaller valid ep whose group fits a node (ep x etp dividing its GPUs; efsdp
     re-factored) re-planned, the fastest 3 that fit with a step more than 1% shorter, each with its mesh edit, step

@@ -98,4 +98,8 @@ def keymap_of(cfg: Config) -> KeyMap:
         return own
     pp = dict(zip(cfg.mesh.names or [], cfg.mesh.shape or [])).get("pp", 1) if cfg.mesh is not None else 1
     micro = "parallelism.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"
-    return replace(own, fields={**own.fields, "training.micro_batch": micro})
+    # a config registry in b5bcd76's names (planned as b5bcd76: op_sac_policy) sets async TP on CompileConfig
+    # (torchtitan_pyjob.NEW); its batch keys count tokens, which these sequence fields do not convert
+    overlap = {"training.tp_comm_overlap": "compile.enable_async_tensor_parallel"} \
+        if cfg.training.op_sac_policy == "b5bcd76" else {}
+    return replace(own, fields={**own.fields, "training.micro_batch": micro, **overlap})

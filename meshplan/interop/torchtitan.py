@@ -139,12 +139,12 @@ from meshplan.interop.common import (
     seq_len_of,
     table_model,
 )
+from meshplan.interop.torchtitan_batch import BatchKeys, accumulation_divides, accumulation_note
 from meshplan.interop.torchtitan_checkpoint import checkpoint_note, read_checkpoint
 from meshplan.interop.torchtitan_ep import read_backend, read_etp
 from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, mixed_note, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
-from meshplan.mesh.validity import nearest_multiples
 from meshplan.spec.mesh import LOOPED_BFS_REFUSAL
 from meshplan.interop.torchtitan_tables import (
     kv_heads_read,
@@ -253,27 +253,8 @@ def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict
     return mesh | _pipeline(par, deg["pp"], layers, notes)
 
 
-def _accumulation_divides(global_batch: int, local: int, dp: int) -> None:
-    """torchtitan's assertion that the global batch is whole gradient-accumulation steps of
-    ``local_batch_size x dp`` (v0.2.2 ``torchtitan/train.py``:203, ``batch_degree`` = dp_replicate x
-    dp_shard), checked where dp is known (``dp_shard`` -1 on an unknown world: meshplan's own rule then).
-    With pp the micro-batch is ``pipeline_parallel_microbatch_size``, so meshplan's rule on it would
-    not see it (newcomer trial nc57 #3: 100 of local 4 x dp 4 was noted as 6 steps of 16).
-
-    >>> _accumulation_divides(96, 4, 4)
-    >>> _accumulation_divides(100, 4, 4)
-    Traceback (most recent call last):
-    meshplan.errors.ConfigError: training.global_batch_size: 100 is not divisible by training.local_batch_size 4 x dp 4 = 16; use a multiple of 16 (96 or 112)
-    """
-    n = local * dp
-    if dp > 0 and global_batch % n:
-        near = nearest_multiples(global_batch, n)
-        raise ConfigError("training.global_batch_size", f"{global_batch} is not divisible by training.local_batch_size "
-                          f"{local} x dp {dp} = {n}; use a multiple of {n} ({' or '.join(map(str, near))})")
-
-
 def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, model: dict,
-              notes: list[str], revision: str = "238fa99") -> dict[str, Any]:
+              notes: list[str], revision: str = "238fa99", batch: BatchKeys = BatchKeys()) -> dict[str, Any]:
     """[training]: batch (torchtitan's global = local x dp unless given), sequence, sharding
     as torchtitan applies it, dtypes, resharding policy, recompute, float8."""
     tr, par = d.get("training", {}), d.get("parallelism", {})
@@ -283,12 +264,11 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     micro = positive_int(par.get("pipeline_parallel_microbatch_size", 1),
                          "parallelism.pipeline_parallel_microbatch_size") if deg["pp"] > 1 else local
     fsdp = shard * deg["cp"] > 1
-    _accumulation_divides(global_batch, local, deg["dp_replicate"] * shard)
-    accum = global_batch // max(local * deg["dp_replicate"] * shard, 1)
+    dp = deg["dp_replicate"] * shard
+    accumulation_divides(batch, global_batch, local, micro, deg["pp"], dp)
+    accum = global_batch // max(local * dp, 1)
     if deg["pp"] > 1 and accum > 1:
-        notes.append(f"training.global_batch_size {global_batch} = {accum} x local_batch_size {local} x dp "
-                     f"{deg['dp_replicate'] * shard}: torchtitan runs {accum} gradient-accumulation steps, each a "
-                     f"pipeline schedule of {local // micro} micro-batches: training.pp_schedule_runs = {accum}")
+        notes.append(accumulation_note(batch, global_batch, local, micro, deg["pp"], dp))
     if not fsdp and deg["dp_replicate"] > 1 and deg["pp"] * deg["tp"] > 1:
         raise ConfigError("parallelism.data_parallel_replicate_degree", "replicated without sharding (DDP) beside "
                           "pp or tp: torchtitan raises \"DDP has not supported > 1D parallelism\"; shard too "
@@ -343,12 +323,14 @@ def _dtype(tr: dict, key: str, default: str) -> str:
 
 
 def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, str], dict] = {},
-         revision: str = "238fa99") -> Imported:
+         revision: str = "238fa99", batch: BatchKeys = BatchKeys()) -> Imported:
     """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
     file's folder (for a relative ``hf_assets_path``); ``custom``: llama3 flavors of the ``.py``
     beside it (:func:`~meshplan.interop.torchtitan_flavors.read_model`); ``revision``: the
     torchtitan that runs it, ``training.op_sac_policy`` (a job TOML: 238fa99, the code of v0.2.2;
-    a Python config registry in b5bcd76's names: b5bcd76, :mod:`~meshplan.interop.torchtitan_pyjob`)."""
+    a Python config registry in b5bcd76's names: b5bcd76, :mod:`~meshplan.interop.torchtitan_pyjob`);
+    ``batch``: the batch keys the file spelled, which the batch error and note name
+    (:class:`~meshplan.interop.torchtitan_batch.BatchKeys`: b5bcd76's token counts)."""
     mixed = mixed_note(d)  # the raw file's float8 names, before old_float8 brings them to the current layout
     d, old_notes = old_float8(d)
     old_notes += mixed
@@ -381,7 +363,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
         notes.append(f"parallelism: pp * dp_replicate * dp_shard * cp * tp = {dense * shard}, the world is {world} "
                      f"({cluster['nodes']} node(s)); torchtitan refuses that at start-up (ParallelDims): set "
                      f"parallelism.{fix}")
-    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes, revision),
+    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes, revision, batch),
               "mesh": _mesh(deg, par, model_layers(model), notes)}
     tables["model"] = flavor_context(model, used, tables["training"]["seq_len"], notes)  # RoPE at the job's length
     # torchtitan's loss, F.cross_entropy(pred.flatten(0, 1).float(), ...): eager unless [compile]

@@ -38,9 +38,9 @@ from __future__ import annotations
 import ast
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Optional
 
-from meshplan.errors import ConfigError, closest
+from meshplan.errors import ConfigError, closest_all
 
 #: How deep ``config = other()`` may chain (and names refer to names) before the reader gives up.
 DEPTH = 16
@@ -84,8 +84,8 @@ def dotted(node: ast.AST) -> str | None:
 class _Reader:
     """One file's functions and module-level names, read on demand."""
 
-    def __init__(self, text: str, path: str):
-        self.path = path
+    def __init__(self, text: str, path: str, context: Optional[Callable[[str], Optional[int]]] = None):
+        self.path, self.context = path, context
         try:
             self.module = ast.parse(text, filename=path)
         except (SyntaxError, ValueError, RecursionError) as e:
@@ -126,6 +126,10 @@ class _Reader:
             if _number(a) and _number(b) and not (isinstance(node.op, (ast.Div, ast.FloorDiv)) and b == 0):
                 return _OPS[type(node.op)](a, b)
             return Opaque(ast.unparse(node))
+        if isinstance(node, ast.Attribute) and node.attr == "max_context_length" and self.context is not None:
+            length = self._context(node.value, env, depth)
+            if length is not None:
+                return length
         if isinstance(node, ast.Name):
             bound = env.get(node.id, self.globals.get(node.id))
             return Opaque(node.id) if bound is None else self.value(bound, env, depth + 1)
@@ -134,6 +138,15 @@ class _Reader:
             return Built(dotted(node.func) or "", tuple(self.value(a, env, depth + 1) for a in node.args),
                          {k.arg: self.value(k.value, env, depth + 1) for k in node.keywords if k.arg})
         return Opaque(ast.unparse(node))
+
+    def _context(self, owner: ast.AST, env: dict[str, ast.AST], depth: int) -> Optional[int]:
+        """``model_spec.max_context_length`` (or ``model_spec.model.max_context_length``) where
+        ``model_spec`` is ``model_registry("FLAVOR", ...)``: ``self.context(FLAVOR)``, None unknown."""
+        if isinstance(owner, ast.Attribute) and owner.attr == "model":
+            owner = owner.value
+        spec = self.value(owner, env, depth + 1)
+        ok = isinstance(spec, Built) and spec.name.endswith("model_registry") and spec.args and isinstance(spec.args[0], str)
+        return self.context(spec.args[0]) if ok and self.context is not None else None
 
     def function(self, name: str, depth: int = 0) -> Built:
         """The tree function ``name`` returns, its ``config.a.b = ...`` lines applied."""
@@ -225,12 +238,14 @@ def config_functions(text: str, path: str) -> list[str]:
     return _Reader(text, path).names()
 
 
-def function_tree(text: str, path: str, name: str | None) -> tuple[str, Built]:
+def function_tree(text: str, path: str, name: str | None,
+                  context: Optional[Callable[[str], Optional[int]]] = None) -> tuple[str, Built]:
     """(the function's name, the tree config function ``name`` of file text ``text`` returns:
     module docstring);
     ``name`` None: the file's only public function. ConfigError naming ``--config`` when the
-    name is missing or not one of them."""
-    reader = _Reader(text, path)
+    name is missing or not one of them. ``context``: a flavor's ``max_context_length`` (None
+    where unknown), the value of ``model_spec.max_context_length``."""
+    reader = _Reader(text, path, context)
     names = reader.names()
     if name is None:
         if len(names) != 1:
@@ -239,9 +254,9 @@ def function_tree(text: str, path: str, name: str | None) -> tuple[str, Built]:
                               f"name the job's, as torchtitan's --config: --config {names[0] if names else 'NAME'}")
         name = names[0]
     if name not in names:
-        near = closest(name, names)
+        near = closest_all(name, names)
         raise ConfigError("--config", f"{name!r} is not a function of {path}"
-                          + (f"; did you mean {near}?" if near else f"; give one of {', '.join(names[:12])}"))
+                          + (f"; did you mean {' or '.join(near)}?" if near else f"; give one of {', '.join(names[:12])}"))
     if name in reader.configs:
         return name, reader.value(reader.globals[name], {})
     return name, reader.function(name)

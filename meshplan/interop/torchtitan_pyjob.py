@@ -48,6 +48,7 @@ from pathlib import Path
 from meshplan.errors import ConfigError, closest
 from meshplan.interop import torchtitan
 from meshplan.interop.common import Imported, ImportOptions
+from meshplan.interop.torchtitan_batch import BatchKeys, context_length, fold_tokens
 from meshplan.interop.torchtitan_float8 import LINEAR_CONVERTERS
 from meshplan.interop.torchtitan_py import Built, Opaque, function_tree, imported_from
 
@@ -165,14 +166,20 @@ def _model(tree: Built, text: str, path: Path) -> tuple[dict, list]:
         raise ConfigError("model_spec", f"{getattr(spec, 'source', None) or getattr(spec, 'name', spec)!s:.60} is not "
                           f"read; write model_spec=model_registry(\"FLAVOR\") (or give --model)")
     flavor = _literal(spec.args[0], "model_spec")
-    source = imported_from(text, str(path), spec.name.split(".")[0]) or ""
-    parts = source.split(".")
-    name = path.resolve().parent.name if source.startswith(".") else parts[2] if parts[:2] == ["torchtitan", "models"] and \
-        len(parts) > 2 else None
+    name = _family(text, path, spec.name.split(".")[0])
     model = {"flavor": flavor} | ({"name": name} if name else {})
     if "moe_comm_backend" in spec.kwargs:  # b5bcd76 models/deepseek_v3/__init__.py:616-629 (7cec166 moved it there)
         model["moe_comm_backend"] = _literal(spec.kwargs["moe_comm_backend"], "model_spec moe_comm_backend")
     return model, spec.kwargs.get("converters") or []
+
+
+def _family(text: str, path: Path, callee: str = "model_registry") -> str | None:
+    """The torchtitan model ``callee`` comes from: the file's folder for ``from . import``,
+    ``torchtitan.models.<name>`` otherwise; None where neither says."""
+    source = imported_from(text, str(path), callee) or ""
+    parts = source.split(".")
+    return path.resolve().parent.name if source.startswith(".") else parts[2] if parts[:2] == ["torchtitan", "models"] \
+        and len(parts) > 2 else None
 
 
 def _converters(items, new: bool) -> dict:
@@ -249,57 +256,40 @@ def _others(tree: Built, done: set[str]) -> dict:
 
 def _optimizer(tree: Built, notes: list[str]) -> dict:
     """[optimizer] of ``optimizer=``: 9810191's OptimizersContainer.Config(name=...,
-    implementation=...) as it is, b5bcd76's ``default_adamw(...)`` AdamW (optimizer.py:378-398)."""
+    implementation=...) as it is (``name`` unset: torchtitan's AdamW), b5bcd76's ``default_adamw(...)``
+    AdamW (components/optimizer/optimizer.py:378-398: its keywords, ``lr`` first, AdamW's own); their
+    literal keywords meshplan does not read listed unused, as a job TOML's ``[optimizer] lr``."""
     opt = tree.kwargs.get("optimizer")
     if opt is None:
         return {}
-    if isinstance(opt, Built) and opt.name.split(".")[-1] == "default_adamw":
-        return {"name": "AdamW"}
-    if isinstance(opt, Built) and "name" in opt.kwargs:
-        return {k: v for k, v in opt.kwargs.items() if isinstance(v, (str, int, float, bool))}
+    if isinstance(opt, Built):  # its literals kept, so those meshplan does not read (lr) are listed unused (nc57 #9)
+        kept = {k: v for k, v in opt.kwargs.items() if isinstance(v, (str, int, float, bool))}
+        if opt.name.split(".")[-1] == "default_adamw":  # its keywords are AdamW's optimizer_kwargs: none read
+            return {"name": "AdamW"} | {k: v for k, v in kept.items() if k not in ("name", "implementation", "fused")}
+        if dropped := [k for k in opt.kwargs if k not in kept]:  # param_groups=[...]: which optimizer is not read
+            notes.append(f"optimizer {opt.name}'s {', '.join(dropped)} not read: planned as "
+                         f"{kept.get('name', 'AdamW')}")
+        return kept
     notes.append(f"optimizer {getattr(opt, 'name', None) or getattr(opt, 'source', '?')!s:.60} not read: planned as "
                  f"torchtitan's default AdamW")
     return {}
 
 
-def _folded(d: dict, notes: list[str]) -> None:
-    """b5bcd76's token counts (73aed7f) as 9810191's batch keys, in ``d`` (module docstring)."""
-    tr, par = d.setdefault("training", {}), d.setdefault("parallelism", {})
-    ctx = tr.pop("max_context_length", 2048)  # configs.py:51 (b5bcd76), 37, 43 below
-    tokens = tr.pop("num_tokens_per_microbatch_per_dp_rank", 16384)
-    step = tr.pop("num_tokens_per_train_step", -1)
-    m = par.pop("num_pp_microbatches", 1)
-    for key, v in (("training.max_context_length", ctx), ("training.num_tokens_per_microbatch_per_dp_rank", tokens),
-                   ("parallelism.num_pp_microbatches", m)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(key, f"{v!r}; give a whole number >= 1")
-    for key, v in (("training.num_tokens_per_microbatch_per_dp_rank", tokens),
-                   ("training.num_tokens_per_train_step", step)):
-        if v != -1 and (isinstance(v, bool) or not isinstance(v, int) or v % ctx):
-            raise ConfigError(key, f"{v!r} is not a multiple of max_context_length {ctx}: meshplan plans sequences of "
-                              f"{ctx} tokens; give a multiple of {ctx}")
-    rows, pp = tokens // ctx, par.get("pipeline_parallel_degree", 1)
-    tr |= {"seq_len": ctx, "local_batch_size": rows * (m if pp != 1 else 1)}
-    tr |= {"global_batch_size": step // ctx} if step != -1 else {}
-    par |= {"pipeline_parallel_microbatch_size": rows} if pp != 1 else {}
-    notes.append(f"training.num_tokens_per_microbatch_per_dp_rank {tokens} = {rows} x max_context_length {ctx}: "
-                 f"planned as {rows} sequence(s) of {ctx} tokens (torchtitan 73aed7f folds them into one row)")
-
-
 def _layout(old: list[str], new: list[str]) -> str:
     """The revision planned: 238fa99 for 9810191's names, b5bcd76 for b5bcd76's (module docstring)."""
-    if old and new:
-        raise ConfigError(old[0], f"torchtitan 9810191's name beside b5bcd76's {new[0]} (73aed7f renamed the batch "
+    if old and new:  # the old name in the new one's table where there is one (nc57 #4: training's beside training's)
+        near, beside = next(((o, n) for n in new for o in old if o.split(".")[0] == n.split(".")[0]), (old[0], new[0]))
+        raise ConfigError(near, f"torchtitan 9810191's name beside b5bcd76's {beside} (73aed7f renamed the batch "
                           f"keys, c5d93d1 the activation checkpoint classes): write the file in one torchtitan's names")
     return "238fa99" if old else "b5bcd76"
 
 
-def job_dict(tree: Built, text: str, path: Path, notes: list[str]) -> tuple[dict, str]:
+def job_dict(tree: Built, text: str, path: Path, notes: list[str]) -> tuple[dict, str, BatchKeys]:
     """(the job TOML layout of the tree a config function returns, the torchtitan revision
-    planned: ``training.op_sac_policy``); module docstring."""
+    planned: ``training.op_sac_policy``, the batch keys the file spelled); module docstring."""
     if tree.name.endswith("JobConfig"):  # v0.2.2's dataclasses: the job TOML's own tree
         notes.append("a JobConfig(...) tree: torchtitan v0.2.2's job TOML layout, table by table")
-        return _tables(tree, ""), "238fa99"
+        return _tables(tree, ""), "238fa99", BatchKeys()
     if not tree.name.endswith("Config"):
         raise ConfigError("config", f"{path}: the function returns {tree.name}(...), not a Trainer.Config(...)")
     for key in tree.kwargs:
@@ -328,8 +318,9 @@ def job_dict(tree: Built, text: str, path: Path, notes: list[str]) -> tuple[dict
         d["checkpoint"] = {k: _literal(v, f"checkpoint.{k}") for k, v in ck.items()
                            if k in ("enable", "interval") or isinstance(v, (str, int, float, bool))}
     d |= {"optimizer": opt} if (opt := _optimizer(tree, notes)) else {}
+    batch = BatchKeys()
     if revision == "b5bcd76":
-        _folded(d, notes)
+        batch = BatchKeys(fold_tokens(d, notes))
         if "enable_async_tensor_parallel" in d.get("compile", {}):
             d["parallelism"]["enable_async_tensor_parallel"] = d["compile"].pop("enable_async_tensor_parallel")
         ac = ac if ac_layout else AC_CLASSES["SelectiveAC.Config"] | ac  # trainer.py:108's default
@@ -340,7 +331,7 @@ def job_dict(tree: Built, text: str, path: Path, notes: list[str]) -> tuple[dict
     d |= {"activation_checkpoint": ac} if ac else {}
     d |= _others(tree, set(SECTIONS) | {"model_spec", "model_converters", "hf_assets_path", "activation_checkpoint",
                                         "checkpoint", "optimizer"})
-    return d, revision
+    return d, revision, batch
 
 
 def _b5bcd76_checks(d: dict, tree: Built, notes: list[str]) -> None:
@@ -367,11 +358,12 @@ def read_py(text: str, path: Path, opts: ImportOptions) -> Imported:
     """meshplan tables of the config function ``opts.job_config`` (``--config``; None: the file's
     only one) of torchtitan ``config_registry.py`` text ``text`` at ``path``, through the job TOML
     reader; an error of that reader names the field as the Python file spells it."""
-    name, tree = function_tree(text, str(path), opts.job_config)
-    notes = [f"read {name} of {path.name} without running it (torchtitan's Python job config)"]
-    d, revision = job_dict(tree, text, path, notes)
+    read_notes: list[str] = []
+    name, tree = function_tree(text, str(path), opts.job_config, context_length(_family(text, path), read_notes))
+    notes = [f"read {name} of {path.name} without running it (torchtitan's Python job config)"] + read_notes
+    d, revision, batch = job_dict(tree, text, path, notes)
     try:
-        imp = torchtitan.read(d, path.parent, opts, revision=revision)
+        imp = torchtitan.read(d, path.parent, opts, revision=revision, batch=batch)
     except ConfigError as e:
         renamed = RENAMED.get(e.field) or (RENAMED_NEW.get(e.field) if revision == "b5bcd76" else None)
         if renamed is None:
@@ -388,4 +380,8 @@ def read_py(text: str, path: Path, opts: ImportOptions) -> Imported:
                      "tp all-gathers move the compute dtype (training.fp8_tp = false)")
     # the TOML reader's notes on v0.2.2's converter names, which a Python config does not use
     kept = tuple(n for n in imp.notes if not n.startswith(TOML_NAME_NOTES))
-    return Imported(imp.fmt, imp.tables, imp.unused, tuple(notes) + kept, imp.model_keys, imp.said)
+    # b5bcd76's pp check reads disable_cuda_graphs (_b5bcd76_checks): not unused then (nc57 #9)
+    checked = {"training.disable_cuda_graphs"} if revision == "b5bcd76" and \
+        d.get("parallelism", {}).get("pipeline_parallel_degree", 1) != 1 else set()
+    unused = tuple(k for k in imp.unused if k not in checked)
+    return Imported(imp.fmt, imp.tables, unused, tuple(notes) + kept, imp.model_keys, imp.said)

@@ -184,7 +184,10 @@ def _split_words(plan: Plan) -> str:
     """``, mesh.pp_layer_split [..]`` where :func:`_per_stage` rewrites the config's split (given
     per virtual stage), else empty."""
     split = _per_stage(plan)
-    return "" if split == plan.spec.pp_layer_split else f", mesh.pp_layer_split {split}"
+    if split == plan.spec.pp_layer_split:
+        return ""
+    return (f", mesh.pp_layer_split {split} (layers per stage, each stage's split into the chunks evenly; the "
+            f"config's {plan.spec.pp_layer_split} is per virtual stage)")  # the form changes: said (nc57 #9)
 
 
 def _pipeline(plan: Plan, schedule: Schedule, v: int) -> MeshSpec:

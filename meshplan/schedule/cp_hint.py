@@ -93,10 +93,10 @@ def cp_knobs(plan: Plan) -> list[Knob]:
     while cp % k == 0:
         if "tp" in deg and deg["tp"] * k <= plan.config.cluster.node.gpus:
             moved = {**deg, "cp": cp // k, "tp": deg["tp"] * k}
-            out.append((_words(moved), {}, _spec(plan, moved)))
+            out.append((mesh_words(moved), {}, mesh_spec(plan, moved)))
         if data is not None:
             moved = {**deg, "cp": cp // k, data: deg[data] * k}
-            out.append((_words(moved), {}, _spec(plan, moved)))
+            out.append((mesh_words(moved), {}, mesh_spec(plan, moved)))
         k *= 2
     if t.cp_ring:
         other = "allgather" if t.cp_rotate == "alltoall" else "alltoall"
@@ -108,12 +108,12 @@ def cp_knobs(plan: Plan) -> list[Knob]:
     return out
 
 
-def _spec(plan: Plan, deg: dict[str, int]) -> MeshSpec:
+def mesh_spec(plan: Plan, deg: dict[str, int]) -> MeshSpec:
     """The config's own mesh spec with ``deg``'s degrees (its names, or Megatron's degrees)."""
     axes = {"names": list(deg), "shape": list(deg.values())} if plan.spec.names is not None else {"degrees": deg}
     return plan.spec.model_copy(update=axes)
 
 
-def _words(deg: dict[str, int]) -> str:
+def mesh_words(deg: dict[str, int]) -> str:
     """``cp 4 x tp 8 (dp_shard 4)``: a move's mesh, its axes of degree > 1."""
     return "mesh " + " x ".join(f"{n} {d}" for n, d in deg.items() if d > 1)

@@ -15,6 +15,15 @@ from meshplan.plan import Plan
 from meshplan.schedule.window_regathers import note_words as window_words
 
 SOURCE = "torchtitan b5bcd76 distributed/fsdp.py:124-133"
+#: The same rule where the plan is of 9810191's names, planned as its parent 238fa99 runs them
+#: (``training.op_sac_policy = "238fa99"``; newcomer trial 57 #9): each model's ``apply_fsdp``.
+SOURCES = {"238fa99": "torchtitan 238fa99 models/llama3/infra/parallelize.py:324-327, the MoE models' "
+                      "models/llama4/infra/parallelize.py:363-366"}
+
+
+def source(plan: Plan) -> str:
+    """The file and lines of the rule in the torchtitan revision ``plan`` is planned as."""
+    return SOURCES.get(plan.config.training.op_sac_policy or "b5bcd76", SOURCE)
 
 
 def reshard_default_applies(plan: Plan) -> bool:
@@ -32,10 +41,10 @@ def reshard_default_note(plan: Plan) -> Optional[str]:
     kept = window_words(plan) or " (no backward all-gather)"  # torch's window re-gathers at vpp > 3
     if plan.config.origin == "torchtitan":  # the job TOML's own key (the importer leaves "default" unset)
         return (f"note: {torchtitan_said(plan)}: planned false under pp {plan.pp} "
-                f"(\"default\" is not pp_enabled: {SOURCE}), each chunk's parameters kept gathered from its "
+                f"(\"default\" is not pp_enabled: {source(plan)}), each chunk's parameters kept gathered from its "
                 f"forward to its backward{kept}; set it to \"always\" to reshard after forward")
     return (f"note: training.reshard_after_forward unset: planned false, torchtitan's default under pp "
-            f"{plan.pp} (fsdp_reshard_after_forward = \"default\" is not pp_enabled: {SOURCE}), each "
+            f"{plan.pp} (fsdp_reshard_after_forward = \"default\" is not pp_enabled: {source(plan)}), each "
             f"chunk's parameters kept gathered from its forward to its backward{kept}; set it "
             f"to true to reshard after forward")
 

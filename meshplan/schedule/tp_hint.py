@@ -17,12 +17,23 @@ tp in a 36.83 s step (16.4%), and async TP hides 2.18 s of it but adds 2.33 s of
 step is 0.2% shorter, and no hint is shown but a ``note: no tp hint`` line with the re-plan's step
 and why (:func:`silent_note`; ``step --overlap-tp``'s whole-GEMM overlap, 32.65 s, is a
 bound no runtime reaches).
+
+With the overlap already on (newcomer trial 57 #8: torchtitan b5bcd76's Llama-3-70B, pp 2 x dp_shard 4
+x tp 8 on 8 dgx-h100, async TP on, exposed tp 21.8% of the step) the knob left is the mesh: a
+smaller tp, ``tp / k`` for k = 2, 4, ... with the freed factor on the data axis (fewer ranks a
+TP collective, on NVLink still, and a larger FSDP group: more memory a GPU and more FSDP traffic,
+which the re-plan counts), each re-planned as :mod:`~meshplan.schedule.cp_hint`'s moves are
+(:func:`overlapped_hint`). Those that fit with a clearly shorter step are the ``hint:``; else a
+``note: no tp hint`` line says what stays exposed with the overlap on (:func:`remaining`) and each
+move's outcome.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from meshplan.schedule.bubble_hint import Knob, fastest, knob_outcomes
+from meshplan.schedule.cp_hint import mesh_spec, mesh_words
 from meshplan.schedule.hint_facts import Hint, HintLine, knob_of
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, knob_outcome
 from meshplan.spec.search import TIE
@@ -65,7 +76,9 @@ def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[
     a 7.93 s step (16.2%); with async TP 7.41 s (tests/test_step_tp_hint.py)."""
     t = plan.config.training
     exposed = st.exposed_s.get("tp", 0.0)
-    if alternatives is None or t.tp_comm_overlap or plan.mesh.degree("tp") < 2 or exposed < HINT_SHARE * st.step_s \
+    if t.tp_comm_overlap and not t.megatron_deepspeed:
+        return overlapped_hint(plan, st, alternatives)
+    if alternatives is None or plan.mesh.degree("tp") < 2 or exposed < HINT_SHARE * st.step_s \
             or t.megatron_deepspeed:  # Megatron-DeepSpeed's parser has no --tp-comm-overlap: no knob to hint
         return []
     update = tp_knobs(t)
@@ -102,3 +115,66 @@ def silent_note(st, alt: Replanned, knobs: str, framework: str) -> list[str]:
     bound = f": the compute stream waits for {', '.join(st.named(k) for k in grown)} instead" if grown else ""
     return [f"{head} gives step {step_seconds(alt.step_s)} ({alt.step_s / st.step_s - 1:+.1%}), not {TIE:.0%} shorter: "
             f"{', '.join(why)}{bound}"]
+
+
+#: The overlap's name in each runtime, where the line names the key already.
+_SHORT = {"torch": "torchtitan's async TP", "megatron": "Megatron-LM's --tp-comm-overlap"}
+#: Data axes that take a smaller tp's freed factor, the first present in the config's mesh.
+_DATA = ("dp_shard", "dp", "dp_replicate")
+
+
+def remaining(framework: str, sequence_parallel: bool) -> str:
+    """What a step's exposed tp is with ``training.tp_comm_overlap`` on: the collectives the
+    runtime's overlap does not decompose and the parts of the decomposed ones left on the compute
+    stream (the rules of :mod:`meshplan.compute.asynctp`, :func:`~meshplan.compute.asynctp.unfused_overlap`).
+
+    >>> remaining("torch", True).split(" (")[0]
+    "torch's micro_pipeline_tp leaves the backward's input-gradient reduce-scatters of wq/wk/wv and w_gate/w_up blocking"
+    """
+    if not sequence_parallel:
+        return "without sequence parallelism no TP collective is decomposed: its all-reduces " + (
+            "block" if framework == "torch" else "overlap only their own block")
+    if framework == "torch":
+        return ("torch's micro_pipeline_tp leaves the backward's input-gradient reduce-scatters of wq/wk/wv and "
+                "w_gate/w_up blocking (each the sum of several matmuls, not one), and each fused op's shard copy "
+                "and the transfers longer than their pieces' GEMMs exposed (meshplan.compute.asynctp)")
+    return ("Transformer Engine's userbuffers leave each pipelined reduce-scatter's last piece and the ring "
+            "transfers longer than their pieces' GEMMs exposed (meshplan.compute.asynctp)")
+
+
+def tp_moves(plan) -> list[Knob]:
+    """``tp / k`` for k = 2, 4, ... (tp 1 the last), the freed factor on the first data axis of
+    the mesh (none without one: the world would change)."""
+    deg = plan.axis_degrees()
+    tp, data = deg.get("tp", 1), next((a for a in _DATA if a in deg), None)
+    out: list[Knob] = []
+    k = 2
+    while data is not None and tp % k == 0:
+        moved = {**deg, "tp": tp // k, data: deg[data] * k}
+        out.append((mesh_words(moved), {}, mesh_spec(plan, moved)))
+        k *= 2
+    return out
+
+
+def overlapped_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[str]:
+    """With ``training.tp_comm_overlap`` on and exposed tp :data:`HINT_SHARE` of the step or more:
+    the ``hint:`` line of the :func:`tp_moves` that fit with a clearly shorter step (fastest first,
+    :func:`~meshplan.schedule.bubble_hint.fastest`), each with its exposed tp and peak; else a
+    ``note: no tp hint`` line naming what stays exposed (:func:`remaining`) and each move's
+    outcome. Newcomer trial 57's new_registry.py llama3_70b (tests/test_tp_overlapped_hint.py)."""
+    t = plan.config.training
+    exposed = st.exposed_s.get("tp", 0.0)
+    if alternatives is None or plan.mesh.degree("tp") < 2 or exposed < HINT_SHARE * st.step_s:
+        return []
+    head = (f"exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of {step_seconds(st.step_s)}) "
+            f"with training.tp_comm_overlap already on ({_SHORT.get(t.framework, t.framework)})")
+    knobs = tp_moves(plan)
+    found = fastest(st, knobs, alternatives) if knobs else []
+    if not found:
+        tried = (f"; none of a smaller tp re-planned fits with a step more than {TIE:.0%} shorter: "
+                 + knob_outcomes(plan, st, knobs, alternatives)) if knobs else "; the mesh has no data axis to take a smaller tp's factor"
+        return [f"note: no tp hint: {head}: {remaining(t.framework, plan.mesh.sequence_parallel)}{tried}"]
+    items = [f"{words} (step {step_seconds(s)}, {s / st.step_s - 1:+.1%}, exposed tp {_exposed_tp(alt.step):.2f} s, "
+             f"peak {alt.peak_bytes / GiB:.1f} GiB fits)" for s, words, alt in found]
+    return [HintLine(f"hint: {head}: shorter with " + "; ".join(items),
+                     Hint("tp", exposed / st.step_s, tuple(knob_of(words, alt) for _, words, alt in found)))]
