@@ -53,6 +53,7 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS
 from meshplan.schedule.row_shares import nccl_net_channels
+from meshplan.schedule.unit_sim import MAX_SM_SHARE
 from meshplan.search.columns import MIXED
 from meshplan.search.space import RECOMPUTE, Candidates
 
@@ -83,6 +84,7 @@ def sm_terms(cfg: Config, c: Candidates, cm: dict, od: dict, co: np.ndarray, laz
     on = (np.asarray(co) > 0) & ~np.asarray(lazy) & (c.ov == 0) & ~np.isin(c.rc, MIXED) & (cm["fsdp_ag_nic"] > 0)
     on &= not cfg.model.is_moe and cfg.training.framework == "torch"
     rings = nccl_net_channels(cfg.cluster)[0] / cfg.cluster.gpu.sms
+    on &= 2 * rings <= MAX_SM_SHARE  # the backward's two chains at once below the cap (the proofs' sums)
     w = sum(od[f"f_{b}"] for b in LAYER_BLOCKS)
     e = 2 * (cm["tp_ag"] + np.maximum(cm["tp_sp"], cm["tp_ar"]))  # each block opens and closes (layer_chains)
     col = lambda a: np.asarray(a, dtype=np.float64)[:, None]
