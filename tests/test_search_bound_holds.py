@@ -104,7 +104,14 @@ def test_two_fsdp2_queues_share_the_nic():
     (kvheads: no repeat_kv copies, [memory] kv_expanded false: each op 2 x 8192 x (8 + 1) x 128 x 2 B =
     37,748,736 B at tp 8, 12.71 us at 2.97 TB/s, two a layer; the step 1.46442 -> 1.46341 s and the
     bound 1.38997 -> 1.38895 s, each 1.01-1.02 ms, one op a layer x 80 = 1.017 ms (the other 80 off
-    the critical path; read from the model): the bound still holds.)"""
+    the critical path; read from the model): the bound still holds.)
+    perf3 (search.sm_bound): the forward unit's bound now counts the SM contention of FSDP2's
+    prefetched all-gathers and the blocking tp waits as idle: ag + 80 (w + co) + s 79 ag + (1 - s) 80 e
+    with ag 4.306 ms, w 3.214 ms (the layer's forward ops: attention 1.025, MLP 2.119, two norms
+    0.018, two adds 0.017), co 0.144 ms (FSDP2's copy-out), e 4 x 0.341 = 1.363 ms (tp all-gather,
+    reduce-scatter per block), s 16 / 132: 4.306 + 268.62 + 41.23 + 95.82 = 409.98 ms, against the flow
+    shop's ag + 80 (w + e + co) = 381.96 ms: the bound 1.38895 -> 1.41696 s (+28.01 ms), still under
+    the exact step 1.46341 s."""
     tables = _example("llama3-70b_128xh100_dp16-tp8.toml", pp=[1], cp=[1], tp=[8], dp_replicate=[1],
                       micro_batch=[1], recompute=["none"], reshard_after_forward=[True])
     cfg = config_from_dict(tables, require_mesh=False)
@@ -118,9 +125,14 @@ def test_two_fsdp2_queues_share_the_nic():
     cc = candidate_config(cfg, c, i)
     st = step_time(build_plan(cc, cons.Constraints((), cons.usable_bytes(cc.cluster, cc.training)), memory=False,
                               reports=False), Overlap())
-    assert round(st.step_s, 5) == 1.46341 and round(float(est.step_lo[i]), 5) == 1.38895
+    assert round(st.step_s, 5) == 1.46341 and round(float(est.step_lo[i]), 5) == 1.41696
     assert round(80 * 2 * 8192 * 9 * 128 * 2 / 2.97e12 * 1e3, 3) == 1.017   # kvheads (docstring)
-    assert abs((1.46442 - st.step_s) - 1.017e-3) < 0.01e-3 and abs((1.38997 - est.step_lo[i]) - 1.017e-3) < 0.01e-3
+    assert abs((1.46442 - st.step_s) - 1.017e-3) < 0.01e-3
+    # perf3 (docstring): the forward's SM-contention bound against the flow shop's, ms
+    ag, w, co, e, s = 4.306, 3.214, 0.144, 4 * 0.341, 16 / 132
+    sm, flow = ag + 80 * (w + co) + s * 79 * ag + (1 - s) * 80 * e, ag + 80 * (w + e + co)
+    assert (round(sm, 1), round(flow, 1)) == (410.1, 382.1)  # rounded inputs: 409.98, 381.96 unrounded
+    assert abs((est.step_lo[i] - 1.38895) * 1e3 - (sm - flow)) < 0.1
     assert est.step_lo[i] <= st.step_s
     cm = {k: float(v[0]) for k, v in comm_times(cfg, TimeTables(cfg, Tables(cfg)), c.take(np.array([i]))).items()}
     ag, rs, head = cm["fsdp_ag"], cm["fsdp_rs"], cm["head_rs"]

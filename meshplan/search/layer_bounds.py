@@ -18,6 +18,7 @@ from meshplan.search.gather_passes import (deepspeed_backward_shares, expert_gat
                                            gathering_passes)
 from meshplan.search.memory import Stages, split
 from meshplan.search.nic_bounds import two_queues_s
+from meshplan.search.sm_bound import SmTerms, backward_sm_bound, forward_sm_bound, gather_chain, sm_terms
 from meshplan.search.columns import MIXED, bound_recompute
 # chains: the tests import it from here too, where it lived before layer_chains
 from meshplan.search.layer_chains import chains, layer_ops, stage_chains  # noqa: F401
@@ -74,6 +75,7 @@ class _Terms:
     ag_nic: np.ndarray
     rs_nic: np.ndarray
     head_rs_nic: np.ndarray
+    sm: SmTerms  # the SM contention bounds' terms (sm_bound.sm_terms)
 
     def replays_f(self, n, plus=0):
         """A chunk of n layers adds its replays' extra to n per-layer lower chains (``plus``: a chunk
@@ -132,9 +134,10 @@ def _head_backward(cfg: Config, c: Candidates, st: Stages, cm: dict, od: dict, c
     return head_b, hb, hb1
 
 
-def _terms(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dict, cp: dict, hb1: np.ndarray) -> _Terms:
+def _terms(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dict, cp: dict, hb1: np.ndarray,
+           od: dict) -> _Terms:
     """The :class:`_Terms` of the candidates' stages (``cp``: FSDP2's copies, ``hb1``:
-    :func:`_head_backward`'s)."""
+    :func:`_head_backward`'s, ``od``: a dense layer's ops)."""
     m = cfg.model
     cf, cb, df, db = _layer_chains(cfg, tt, c, st, cm)
     # with pp > 1 a unit gathers only when it finds its chunk sharded and reduce-scatters only
@@ -189,19 +192,23 @@ def _terms(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dict, cp:
                   hb1=hb1, head_rs=_col(cm["head_rs"]), waits=waits, rs_p=_col(cm["fsdp_rs"]),
                   ar_p=_col(cm["hsdp_ar"]), rs_wait=_col(fsdp2_rs_wait(cfg, c)),
                   ag_nic=_col(np.where(lazy, 0.0, cm["fsdp_ag_nic"])) * keep,
-                  rs_nic=_col(np.where(lazy, 0.0, cm["fsdp_rs_nic"])), head_rs_nic=_col(cm["head_rs_nic"]))
+                  rs_nic=_col(np.where(lazy, 0.0, cm["fsdp_rs_nic"])), head_rs_nic=_col(cm["head_rs_nic"]),
+                  sm=sm_terms(cfg, c, cm, od, cp["out"], lazy, fsdp2_rs_wait(cfg, c)))
 
 
 def _cores(t: _Terms, n, plus=0) -> dict[str, np.ndarray]:
     """One chunk of n layers (``plus``: one replay more): each term grows with n (a longer chunk's
     bound is never lower); a chunk of none (the embedding or the output layer alone,
-    stage_layers) has no layer term."""
+    stage_layers) has no layer term. The forward also at least FSDP2's gather chain with its
+    copy-outs; both at least their kernels slowed by FSDP2's collectives (:mod:`~meshplan.search.sm_bound`)."""
     cf_c, cb_c = t.cf + t.co, t.cb + t.co * t.keep + t.ci
     has = n >= 1
     nf_c, nb_c = n * cf_c + t.replays_f(n, plus), n * cb_c + t.replays_b(n, plus)
-    return {"f_core": has * np.maximum(np.maximum(t.ag + nf_c, n * t.ag + cf_c), nf_c + _col(~t.lazy) * t.e_ag),
-            "b_core": has * np.maximum(np.maximum(t.ag_b * t.ds_1 - t.hb1, 0.0) + nb_c + t.e_ci,
-                                       _fsdp_backward(t, n) + cb_c - t.hb1),
+    f_sm = np.maximum(gather_chain(t.ag, t.co, cf_c, n), forward_sm_bound(t.sm, t.ag, t.co, n))
+    return {"f_core": has * np.maximum(np.maximum(t.ag + nf_c, f_sm), nf_c + _col(~t.lazy) * t.e_ag),
+            "b_core": has * np.maximum(np.maximum(np.maximum(t.ag_b * t.ds_1 - t.hb1, 0.0) + nb_c + t.e_ci,
+                                                  _fsdp_backward(t, n) + cb_c - t.hb1),
+                                       backward_sm_bound(t.sm, t.ag_b, t.rs, t.co * t.keep, t.ci, n)),
             "b_red": has * (n * t.ci_p + t.e_ci_p),
             "b_wait": np.maximum(has * (n * t.ci_p + t.e_ci_p), t.waits * reduce_flow_shop_s(n, t.ci_p, t.rs_p, t.ar_p, t.rs_wait))}
 
@@ -321,7 +328,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     cp = fsdp_copies(cfg, tt.tables, c)
     pre, post = _col(cm["tp_sp"]), _col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
     head_b, hb, hb1 = _head_backward(cfg, c, st, cm, od, cp, post)
-    t = _terms(cfg, tt, c, st, cm, cp, hb1)
+    t = _terms(cfg, tt, c, st, cm, cp, hb1, od)
     lazy = t.lazy
     g_f, g_b = gathering_passes(cfg, c, st)
     out = {**_chunk_bounds(t, st, hb),

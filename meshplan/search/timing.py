@@ -93,7 +93,9 @@ network's rings and send/recv channels, NVIDIA/nccl @5067397; ``step``'s SM cont
 seconds. Contention only lengthens a kernel (a kernel beside collectives holding a share ``s`` of
 the SMs runs at ``1 - s``, never faster), so leaving it out keeps the bound under the step
 (tests/test_search_stage_bounds.py checks the 405B stage bounds' tightness against the step less
-its contention).
+its contention). Counted only where it is proven to occur: FSDP2's layer all-gathers (forward and
+backward) and reduce-scatters over the network at pp 1, each issued before the kernels it runs
+beside (:mod:`~meshplan.search.sm_bound`, whose proof also counts the blocking tp waits as idle).
 
 A middle stage's collectives are counted as its own table or stage 0's would count them,
 whichever is less, so the bound holds with either convention of
