@@ -52,26 +52,31 @@ def test_backward_hand_example():
         (52 - 75 / 9) * 1e-3, rel=1e-12)
 
 
+def _dp16_tp8(recompute: str):
+    """Llama-3-70B dp_shard 16 x tp 8, one micro-batch, resharded, at ``recompute``: its unit bounds
+    (unit_bounds' dict, one candidate, pp 1) and its exact step (build_plan + step_time)."""
+    tables = _example("llama3-70b_128xh100_dp16-tp8.toml", pp=[1], cp=[1], tp=[8], dp_replicate=[1],
+                      micro_batch=[1], recompute=[recompute], reshard_after_forward=[True])
+    cfg = config_from_dict(tables, require_mesh=False)
+    c = enumerate_candidates(cfg)
+    ok = np.flatnonzero(first_reason(cfg, c) == OK)
+    i = int(next(j for j in ok if c.dps[j] == 16 and c.rc[j] == RECOMPUTE.index(recompute)))
+    g = c.take(np.array([i]))
+    tt = TimeTables(cfg, Tables(cfg))
+    st = stage_layout(cfg, g, 1)
+    cc = candidate_config(cfg, c, i)
+    plan = build_plan(cc, cons.Constraints((), cons.usable_bytes(cc.cluster, cc.training)), memory=False, reports=False)
+    return unit_bounds(cfg, tt, g, st, state(cfg, tt.tables, g, st)), step_time(plan, Overlap())
+
+
 def test_the_70b_forward_unit():
     """Llama-3-70B, dp_shard 16 x tp 8, no recompute, one micro-batch: the bound of its forward's
     80 layers is the SM one, 409.98 ms (tests/test_search_bound_holds.py's docstring derives it),
     and the exact forward unit (embedding and head included, which the bound's emb_f and head_f add)
     is longer."""
-    tables = _example("llama3-70b_128xh100_dp16-tp8.toml", pp=[1], cp=[1], tp=[8], dp_replicate=[1],
-                      micro_batch=[1], recompute=["none"], reshard_after_forward=[True])
-    cfg = config_from_dict(tables, require_mesh=False)
-    c = enumerate_candidates(cfg)
-    ok = np.flatnonzero(first_reason(cfg, c) == OK)
-    i = int(next(j for j in ok if c.dps[j] == 16 and c.rc[j] == RECOMPUTE.index("none")))
-    g = c.take(np.array([i]))
-    tt = TimeTables(cfg, Tables(cfg))
-    st = stage_layout(cfg, g, 1)
-    u = unit_bounds(cfg, tt, g, st, state(cfg, tt.tables, g, st))
-    assert round(float(u["f_core"][0, 0]) * 1e3, 2) == 409.98
-    cc = candidate_config(cfg, c, i)
-    plan = build_plan(cc, cons.Constraints((), cons.usable_bytes(cc.cluster, cc.training)), memory=False, reports=False)
-    res = step_time(plan, Overlap())
+    u, res = _dp16_tp8("none")
     keys, _ = res.units.index(res.pipeline.flat)
+    assert round(float(u["f_core"][0, 0]) * 1e3, 2) == 409.98
     fwd = res.units.by_key(next(k for k in keys if k[2] == "F"))
     assert fwd.duration_s >= float((u["f_core"] + u["emb_f"] + u["head_f"])[0, 0])
     # the window the proof bounds: from layer 0's all-gather's start to the last layer's last kernel
@@ -88,22 +93,10 @@ def test_the_70b_backward_window():
     demands 0.932, 0.937: rho 1.073), s 16 / 132: W = 80 x 10.164 = 813.15, Q = 79 x 12.870 =
     1016.76, P = 813.15 + 123.24 + 0.758 x 80 x 2.385 = 1080.95 ms >= Q. The exact window, from the
     last layer's copy-out to layer 0's copy-in, is longer (1.190 s, read from the model)."""
-    tables = _example("llama3-70b_128xh100_dp16-tp8.toml", pp=[1], cp=[1], tp=[8], dp_replicate=[1],
-                      micro_batch=[1], recompute=["full"], reshard_after_forward=[True])
-    cfg = config_from_dict(tables, require_mesh=False)
-    c = enumerate_candidates(cfg)
-    ok = np.flatnonzero(first_reason(cfg, c) == OK)
-    i = int(next(j for j in ok if c.dps[j] == 16 and c.rc[j] == RECOMPUTE.index("full")))
-    g = c.take(np.array([i]))
-    tt = TimeTables(cfg, Tables(cfg))
-    st = stage_layout(cfg, g, 1)
-    u = unit_bounds(cfg, tt, g, st, state(cfg, tt.tables, g, st))
+    u, res = _dp16_tp8("full")
     w, q = 80 * (9.804 + 0.144 + 0.216), 79 * (4.306 + 8.565)
     assert round(w + q * 16 / 132 + (1 - 32 / 132) * 80 * 7 * 0.341, 0) == 1081  # rounded inputs
     assert round(float(u["b_core"][0, 0]) * 1e3, 2) == 1080.95
-    cc = candidate_config(cfg, c, i)
-    plan = build_plan(cc, cons.Constraints((), cons.usable_bytes(cc.cluster, cc.training)), memory=False, reports=False)
-    res = step_time(plan, Overlap())
     keys, _ = res.units.index(res.pipeline.flat)
     back = res.units.by_key(next(k for k in keys if k[2] == "B"))
     ev = [e for e in back.events if e.stream == "compute"]
