@@ -17,7 +17,7 @@ from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.backward_pass import backward_unit
 from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.schedule.comm_times import CP_PACKED, shard_group
+from meshplan.schedule.row_groups import CP_PACKED, shard_group
 from meshplan.spec.axes.cp import P2P_PACKED
 from meshplan.schedule.steptime import layer_unit_times, step_time
 from meshplan.schedule.workload import chunk_costs, workload_of
@@ -407,7 +407,7 @@ def test_moe_ep1_tp_replay_issues_the_tp_collectives_the_table_counts(recompute,
 def qkv_counts(plan, st, s: int) -> tuple[Counter, Counter]:
     """Stage s's calls per step of Megatron's QKV sub-sharding collectives by (phase, op): from the
     table's rows of that cadence, and from the rank timeline's events of group ``qkv``."""
-    from meshplan.schedule.comm_times import QKV
+    from meshplan.schedule.row_groups import QKV
     from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE
     table = Counter()
     for r in plan.stage(s).collectives:

@@ -15,7 +15,7 @@ from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.compute.recompute import full_ac_replays_whole, shared_replay_seconds
 from meshplan.schedule.ring_timeline import cp_attention_backward, cp_attention_forward, cp_parts
-from meshplan.schedule.comm_times import FLOAT8_TP
+from meshplan.schedule.row_groups import FLOAT8_TP
 from meshplan.schedule.layer_waits import amax_wait, mla_up_gathers, qkv_gather
 from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block

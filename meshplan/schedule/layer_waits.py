@@ -12,7 +12,7 @@ from __future__ import annotations
 from meshplan.comm.tp_rows import MLA_UP_CADENCES
 from meshplan.compute import float8
 from meshplan.compute.ops import Cost
-from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES, QKV
+from meshplan.schedule.row_groups import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES, QKV
 from meshplan.schedule.unit_sim import StreamSim
 
 
