@@ -69,7 +69,8 @@ from meshplan.compute.batch_input import (BROADCAST_GROUPS, CORE_CADENCES, CORE_
 from meshplan.compute.asynctp import te_fp8_gathers
 from meshplan.compute.dtensor_sp import float8_tp, fp8_tp_gathers
 from meshplan.compute.megatron_core import embedding_reduce_scatter
-from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import float8_gemms, framework_kernels
 from meshplan.compute.recompute import full_ac_replays_whole
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
@@ -225,7 +226,7 @@ def _rowwise_tp(c: StageContext) -> bool:
 
 
 def _workload(c: StageContext) -> Workload:
-    """The stage's float8 Linears (:func:`meshplan.compute.ops.float8_gemms`), tp degree and
+    """The stage's float8 Linears (:func:`meshplan.compute.kernel_choices.float8_gemms`), tp degree and
     framework as a Workload, for :mod:`meshplan.compute.float8`'s rules."""
     t = c.training
     return Workload(seq_len=t.seq_len, tp=c.mesh.degree("tp"), megatron_ops=t.framework == "megatron",

@@ -19,7 +19,8 @@ from meshplan.compute.deepspeed_pipe import engine_cost
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.megatron_core import embedding_reduce_scatter
 from meshplan.compute.megatron_cost import megatron_batch_cost
-from meshplan.compute.ops import Cost, Op, Workload, float8_gemms, framework_kernels
+from meshplan.compute.ops import Cost, Op, Workload
+from meshplan.compute.kernel_choices import float8_gemms, framework_kernels
 from meshplan.compute.recompute import layer_workload, op_replays_ep
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import Gemm, local_split, step_gemms

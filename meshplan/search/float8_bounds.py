@@ -22,7 +22,8 @@ import numpy as np
 from meshplan.comm.tp_rows import FLOAT8_AMAX_BYTES
 from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
-from meshplan.compute.ops import Workload, float8_gemms
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import float8_gemms
 from meshplan.config import Config
 from meshplan.search.columns import FSDP_SHARDINGS, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
