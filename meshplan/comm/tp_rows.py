@@ -63,7 +63,7 @@ from collections import Counter
 
 from meshplan.comm.stage_context import StageContext
 from meshplan.comm.tp_grads import sp_norm_grad_rows, tp_grad_rows
-from meshplan.compute import float8
+from meshplan.compute import float8, float8_tp_reduces
 from meshplan.compute.batch_input import (BROADCAST_GROUPS, CORE_CADENCES, CORE_KEY_BYTES, GET_BATCH_CADENCES,
                                           core_broadcast_keys, core_key_bytes, megatron_broadcast_bytes)
 from meshplan.compute.asynctp import te_fp8_gathers
@@ -96,7 +96,7 @@ def tp_rows(add, c: StageContext) -> None:
     if _rowwise_tp(c):
         _rowwise_scale_rows(add, c)
     elif float8.tensorwise_plain_tp(c.model, _workload(c)):
-        _float8_amax_rows(add, c, float8.plain_tp_amax_per_layer)
+        _float8_amax_rows(add, c, float8_tp_reduces.plain_tp_amax_per_layer)
     qkv_gather_rows(add, c)
     mla_up_rows(add, c)
     get_batch_rows(add, c)
@@ -178,11 +178,11 @@ FLOAT8_TOKEN_SCALES_CADENCE = "every rowwise float8 cast of tp-sharded rows (tor
 FLOAT8_WEIGHT_SCALES_CADENCE = "every rowwise float8 cast of a tp-sharded weight (torchao rowwise: one scale a unit)"
 
 
-def _float8_amax_rows(add, c: StageContext, per_layer=float8.tp_amax_per_layer) -> None:
+def _float8_amax_rows(add, c: StageContext, per_layer=float8_tp_reduces.tp_amax_per_layer) -> None:
     """The tp all-reduces of the amaxes of the float8 casts of tp shards under torchao's float8
-    TP (:func:`meshplan.compute.float8.tp_amax_per_layer`: 4 forward, 7 backward per Llama layer,
+    TP (:func:`meshplan.compute.float8_tp_reduces.tp_amax_per_layer`: 4 forward, 7 backward per Llama layer,
     weights gathered in float8), or tensorwise under plain TP (``per_layer``
-    :func:`~meshplan.compute.float8.plain_tp_amax_per_layer`: 9 and 5, 2 and 5 with the float8 all-gather): ``tensor_to_amax``'s ``torch.max(torch.abs(x))`` of a Shard
+    :func:`~meshplan.compute.float8_tp_reduces.plain_tp_amax_per_layer`: 9 and 5, 2 and 5 with the float8 all-gather): ``tensor_to_amax``'s ``torch.max(torch.abs(x))`` of a Shard
     DTensor is a Partial max, all-reduced before the scale; the cast waits for it (eab345c
     ``float8_scaling_utils.hp_tensor_to_float8_dynamic``). A recomputed layer (full, per-layer or
     op-level AC) replays its forward casts' all-reduces (op-level AC saves ``aten.max``'s output,
@@ -201,7 +201,7 @@ def _float8_amax_rows(add, c: StageContext, per_layer=float8.tp_amax_per_layer) 
 
 def _rowwise_scale_rows(add, c: StageContext) -> None:
     """The tp all-reduces of rowwise float8 scales under plain TP (:func:`meshplan.compute.float8.rowwise_tp`):
-    per dense layer :func:`~meshplan.compute.float8.rowwise_tp_per_layer` of each kind (Llama 2
+    per dense layer :func:`~meshplan.compute.float8_tp_reduces.rowwise_tp_per_layer` of each kind (Llama 2
     forward, 5 backward), the forward's again where the layer is recomputed (as
     :func:`_float8_amax_rows`), fp64 as the tensorwise amax: one scale a token of the rank's
     micro-batch (b x s/cp, gathered), or one a hidden unit (h: the K of the column-parallel
@@ -211,7 +211,7 @@ def _rowwise_scale_rows(add, c: StageContext) -> None:
         if c.model.is_moe_layer(i):
             continue
         names = frozenset(x.name for x in c.model.layer_tensors(i) if c.training.float8_linear(x))
-        f, b = float8.rowwise_tp_per_layer(names)
+        f, b = float8_tp_reduces.rowwise_tp_per_layer(names)
         replay = c.layer_recomputed(k) or c.training.recompute == "op"
         fwd, bwd = fwd + f, bwd + b + (f if replay else 0)
     tokens = c.training.micro_batch * c.seq_local
