@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from meshplan import catalog
-from meshplan.config_tables import build, read_cluster, read_model
+from meshplan.config_tables import read_cluster, read_model
+from meshplan.config_errors import build
 from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import read_text_limited

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from meshplan import catalog
-from meshplan.config_tables import build
+from meshplan.config_errors import build
 from meshplan.errors import ConfigError, did_you_mean
 from meshplan.interop.common import ImportOptions, model_option
 from meshplan.limits import BOUNDS
