@@ -346,7 +346,7 @@ def test_megatron_moe_ep1_tp_timeline_issues_the_tp_collectives_the_table_counts
     at ep 1) and etp 2 (Megatron-LM's default, arguments.py:587-588 at d98e8a6). Megatron-LM's
     MoE layer gathers nothing over tp: the router and the alltoall dispatcher take the rank's
     sequence shard, the dispatcher moves tokens over ep and etp (its etp rows) and only a shared
-    expert (a dense tp MLP) all-gathers and reduce-scatters over tp (meshplan.spec.axes.ep.moe_mlp_tp_ops).
+    expert (a dense tp MLP) all-gathers and reduce-scatters over tp (meshplan.spec.axes.moe_tp.moe_mlp_tp_ops).
     Before this fix the timeline issued a dense MLP's tp AG/RS around every MoE block without a
     shared expert: forward AG and RS, backward RS and AG, 4 of each per MoE layer and step (the
     table: stage 0 [12, 12, 28, 12], timeline [16, 16, 32, 16]). By hand per micro-batch, s the

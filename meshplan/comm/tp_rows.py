@@ -31,11 +31,11 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   each cast of a tp-sharded DTensor all-reduces its amax, one fp64 scalar: per Llama layer 9 forward
   (wo's and w_down's inputs, 7 weights) and 5 backward (:func:`_float8_amax_rows`).
 - TP with MoE layers at ep 1 under framework torch (etp = tp,
-  :func:`meshplan.spec.axes.ep.experts_over_tp_ops`): the routed experts sharded over tp as a dense
+  :func:`meshplan.spec.axes.moe_tp.experts_over_tp_ops`): the routed experts sharded over tp as a dense
   MLP, so the layer's collectives are a dense layer's (with SP and shared experts, one more
   reduce-scatter forward and all-gather backward: torchtitan reduces the two outputs apart).
 - TP with MoE layers otherwise (etp 1, and framework megatron at any etp, :func:`_tp_layer_ops`; the rule:
-  :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`): attention and shared experts as above;
+  :func:`meshplan.spec.axes.moe_tp.moe_mlp_tp_ops`): attention and shared experts as above;
   the tp ranks split the tokens for the routed experts (:mod:`meshplan.runtime.execution.moe`), so
   the routed path has no tp collective under SP (a rank routes its own sequence shard) and
   without SP one all-gather of the b*s*h routed outputs (the replicated activation rebuilt
@@ -74,7 +74,7 @@ from meshplan.compute.kernel_choices import float8_gemms, framework_kernels
 from meshplan.compute.recompute import full_ac_replays_whole
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
-from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_tp_ops
+from meshplan.spec.axes.moe_tp import experts_over_tp, moe_mlp_tp_ops
 from meshplan.spec.recompute_modules import layer_parts, mla_up_gathers, replayed_tp_ops
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE, qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes

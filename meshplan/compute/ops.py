@@ -114,7 +114,7 @@ class Workload:
     rank's attention as ``cp`` calls, one per ring step, each rated at its own shape as torch's are
     (:func:`meshplan.compute.te_ring.te_rank`: each step's call and TE's correction kernels by step); ``moe_tp_ops``:
     the forward collectives over tp of an MoE layer's MLP block, in issue order (their mirrors
-    in backward; :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`, set by
+    in backward; :func:`meshplan.spec.axes.moe_tp.moe_mlp_tp_ops`, set by
     :func:`meshplan.schedule.workload.workload_of`): none where the routed experts issue nothing
     over tp and the layer has no shared expert; torchtitan's two reduce-scatters at ep 1, etp = tp,
     SP with shared experts; ``framework``: the training

@@ -25,7 +25,7 @@ from meshplan.search.space import SHARDING, Candidates
 from meshplan.search.time_tables import TimeTables, coll_nic_s, coll_times
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.cp import kv_elements, ring_shift_bytes
-from meshplan.spec.axes.ep import moe_mlp_blocks_tp
+from meshplan.spec.axes.moe_tp import moe_mlp_blocks_tp
 from meshplan.spec.axes.tp import sdpa_kv_heads
 from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
 from meshplan.spec.mesh import MeshSpec
