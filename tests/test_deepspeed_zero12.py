@@ -201,7 +201,7 @@ def test_step_lists_the_bucket_all_reduces():
     all-gather although the all-reduces were most of the exposed dp time. The first one issued
     lasts one bucket's all-reduce (one of BUCKETS' times); Megatron-LM's ZeRO-1 names its
     per-step reduction a reduce-scatter."""
-    from meshplan.schedule.linkload import timings
+    from meshplan.schedule.readiness import timings
     plan = _plan()
     cfg = plan.config
     path = axis_path(plan.mesh, plan.placement, cfg.cluster, "fsdp")
