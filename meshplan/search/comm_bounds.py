@@ -244,7 +244,7 @@ def _ep_times(cfg: Config, tt: TimeTables, c: Candidates, seq: np.ndarray) -> di
         out["ep_out"] = a2a + coll_times(tt, "reduce-scatter", gathered, size, one)
     else:
         out["ep"] = out["ep_out"] = zero
-    # 1/0: an MoE layer's MLP block opens and closes with the tp collectives (spec.axes.ep.moe_mlp_tp_ops)
+    # 1/0: an MoE layer's MLP block opens and closes with the tp collectives (spec.axes.moe_tp.moe_mlp_tp_ops)
     out["moe_mlp_tp"] = moe_mlp_blocks_tp(t.framework, c.etp, c.tp, bool(m.shared_experts)).astype(np.float64)
     return out
 
