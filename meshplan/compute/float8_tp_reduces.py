@@ -13,9 +13,10 @@ from meshplan.compute.float8 import INPUTS, OVER_TP, ROW_PARALLEL
 
 
 def rowwise_tp_per_layer(names) -> tuple[int, int]:
-    """(forward, backward) tp all-reduces of each of :data:`~meshplan.compute.float8.TOKEN_SCALES` and :data:`~meshplan.compute.float8.WEIGHT_SCALES`
-    per dense layer and micro-batch under :func:`~meshplan.compute.float8.rowwise_tp`, ``names``: the layer's float8 GEMMs:
-    one each per row-parallel Linear in forward, per column-parallel one in backward. Llama: 2, 5.
+    """(forward, backward) tp all-reduces of each of :data:`~meshplan.compute.float8.TOKEN_SCALES`
+    and :data:`~meshplan.compute.float8.WEIGHT_SCALES` per dense layer and micro-batch under
+    :func:`~meshplan.compute.float8.rowwise_tp`, ``names``: the layer's float8 GEMMs: one each per
+    row-parallel Linear in forward, per column-parallel one in backward. Llama: 2, 5.
 
     >>> rowwise_tp_per_layer(frozenset(INPUTS)), rowwise_tp_per_layer(frozenset({"wq", "w_down"}))
     ((2, 5), (1, 1))
@@ -45,7 +46,8 @@ def tp_amax_calls(kernels, side: str, phase: str, mark: str = OVER_TP) -> int:
     """The tp all-reduces of amaxes among ``kernels`` (:func:`~meshplan.compute.float8.layer_kernels` tuples or
     :class:`~meshplan.compute.ops.Op`) of ``phase`` on ``side`` ("attn": blocks attn_pre, attn,
     attn_post; "mlp": mlp_pre, mlp, mlp_post; "" both), replayed kernels left out: the kernels
-    named with ``mark`` (:data:`~meshplan.compute.float8.OVER_TP`, or rowwise's :data:`~meshplan.compute.float8.TOKEN_SCALES`, :data:`~meshplan.compute.float8.WEIGHT_SCALES`)."""
+    named with ``mark`` (:data:`~meshplan.compute.float8.OVER_TP`, or rowwise's
+    :data:`~meshplan.compute.float8.TOKEN_SCALES`, :data:`~meshplan.compute.float8.WEIGHT_SCALES`)."""
     out = 0
     for k in kernels:
         name, block, ph = (k[0], k[1], k[2]) if isinstance(k, tuple) else (k.name, k.block, k.phase)
@@ -58,10 +60,11 @@ def tp_amax_calls(kernels, side: str, phase: str, mark: str = OVER_TP) -> int:
 
 def tp_amax_per_layer(names, fp8_all_gather: bool) -> tuple[int, int]:
     """(forward, backward) tp all-reduces of amaxes per dense layer and micro-batch under
-    torchao's float8 TP (:func:`~meshplan.compute.float8.float8_tp`), ``names``: the layer's float8 GEMMs: one per
-    distinct input and, unless FSDP gathers them in float8, per weight (a tp-sharded DTensor)
-    in forward; one per output gradient in backward. The same count as the :data:`~meshplan.compute.float8.OVER_TP`
-    kernels of :func:`~meshplan.compute.float8.layer_kernels` (``tests/test_float8_casts.py``). Llama: 4 and 7.
+    torchao's float8 TP (:func:`~meshplan.compute.float8.float8_tp`), ``names``: the layer's float8
+    GEMMs: one per distinct input and, unless FSDP gathers them in float8, per weight (a tp-sharded
+    DTensor) in forward; one per output gradient in backward. The same count as the
+    :data:`~meshplan.compute.float8.OVER_TP` kernels of :func:`~meshplan.compute.float8.layer_kernels`
+    (``tests/test_float8_casts.py``). Llama: 4 and 7.
 
     >>> tp_amax_per_layer(frozenset(INPUTS), True), tp_amax_per_layer(frozenset(INPUTS), False)
     ((4, 7), (11, 7))

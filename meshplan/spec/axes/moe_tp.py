@@ -8,7 +8,6 @@ follow). The ep and etp axes whose rules these are: :mod:`meshplan.spec.axes.ep`
 from __future__ import annotations
 
 
-
 #: torchtitan's etp, as at pytorch/torchtitan b5bcd76 (2026-08-21), the version the rest of meshplan's
 #: torch framework follows. c4b409a "[MoE][4/n] deprecate expert tensor parallel (ETP)" (#3167,
 #: 2026-04-30) removed the etp mesh axis, ``ExpertTensorParallel`` and
