@@ -34,7 +34,8 @@ from meshplan.config import load_config
 from meshplan.memory.timeline import memory_timelines
 from meshplan.plan import build_plan
 from meshplan.schedule.bubble_hint import bubble_hint
-from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.linkload import concurrency, edge_loads
+from meshplan.schedule.readiness import timings
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import network_verdict, rebuilt_step

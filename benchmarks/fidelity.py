@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from meshplan.comm.calibration import CalibratedLink, apply_calibration
+from meshplan.comm.calibration import CalibratedLink
+from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.linkfit import fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow
 

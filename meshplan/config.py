@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from meshplan import catalog
-from meshplan.config_tables import build, read_cluster, read_model
+from meshplan.config_tables import read_cluster, read_model
+from meshplan.config_errors import build
 from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import read_text_limited
@@ -290,7 +291,7 @@ def _megatron_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tup
     args.tensor_model_parallel_size``, megatron/training/arguments.py:587-588 at NVIDIA/Megatron-LM
     d98e8a6), with a note; the same default :func:`meshplan.interop.megatron.read` takes. A given
     etp (1 included) is kept; ``framework = "torch"`` has its own default (:func:`_torch_etp`:
-    tp at ep 1, else 1, :data:`meshplan.spec.axes.ep.TORCH_ETP`).
+    tp at ep 1, else 1, :data:`meshplan.spec.axes.moe_tp.TORCH_ETP`).
 
     >>> s, n = _megatron_etp(MeshSpec(names=["dp", "tp", "ep"], shape=[16, 2, 8]), ())
     >>> s.names, s.shape, n[0].split(",")[0]
@@ -327,7 +328,7 @@ def _etp_one(spec: MeshSpec, deg: dict[str, int]) -> str:
 
 def _torch_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tuple[str, ...]]:
     """Under ``framework = "torch"`` an MoE model's mesh with ep 1, tp > 1 and no ``etp`` gets
-    etp = tp, what torchtitan at b5bcd76 runs (:func:`meshplan.spec.axes.ep.torch_etp`: each routed
+    etp = tp, what torchtitan at b5bcd76 runs (:func:`meshplan.spec.axes.moe_tp.torch_etp`: each routed
     expert sharded over tp like a dense MLP), with a note; a given etp is kept (the rule
     ``torch_etp`` refuses one other than tp). The torch twin of :func:`_megatron_etp`.
 

@@ -10,7 +10,7 @@ import re
 import tomllib
 from typing import Any
 
-from meshplan.config_tables import _not_a_number
+from meshplan.config_errors import _not_a_number
 from meshplan.errors import ConfigError
 from meshplan.limits import over
 
@@ -59,7 +59,7 @@ def _key_at(lines: list[str], row: int) -> str:
 def _bad_value(message: str, text: str) -> str | None:
     """Any other tomllib error "(at line L, column C)" on a ``key = value`` line, with the key's
     dotted name and, for a number written with a k/M/G suffix (``seq_len = 4k``), the line to
-    write (as for the quoted ``"4k"``, :func:`meshplan.config_tables._not_a_number`); None when
+    write (as for the quoted ``"4k"``, :func:`meshplan.config_errors._not_a_number`); None when
     line L sets no key (newcomer trial 22 #4).
 
     >>> _bad_value("Expected newline (at line 2, column 11)", "[training]\\nseq_len = 4k")

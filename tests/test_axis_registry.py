@@ -38,7 +38,7 @@ from meshplan.units import dtype_bytes
 #: Axes without a part, and why (the test fails for any other gap).
 NO_SEARCH_COLUMN = {Axis.DP: "the search names the data axes dp_replicate and dp_shard; dp is their one-axis form"}
 NO_COLLECTIVES = {Axis.ETP: "no etp rows: at ep 1 under torch (etp = tp) an MoE layer's collectives are tp rows "
-                           "(spec.axes.ep.experts_over_tp_ops); otherwise etp > 1 is planned as expert shapes only"}
+                           "(spec.axes.moe_tp.experts_over_tp_ops); otherwise etp > 1 is planned as expert shapes only"}
 
 
 @pytest.mark.parametrize("axis", list(Axis))

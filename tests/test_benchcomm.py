@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration import load_calibration
+from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.calibration_notes import calibration_line
 from meshplan.comm.nccl_tests import parse_nccl_tests_text
 from meshplan.catalog import system

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan.catalog import system
-from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration import load_calibration
+from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.calibration_kinds import per_nic
 from meshplan.comm.row import path_time
 from nccl_alltoall import FILE, alltoall_text

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan.catalog import system
-from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration import load_calibration
+from meshplan.comm.calibration_apply import apply_calibration
 from nccl_published import DATA, PUBLISHED, published_text
 from tests.cli_run import run_cli
 from tests.test_cli_json import H100X2

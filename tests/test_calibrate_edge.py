@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan.catalog import system
-from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration import load_calibration
+from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.row import axis_path, path_time
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.placement.assign import place

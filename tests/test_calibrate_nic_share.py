@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan.catalog import system
-from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration import load_calibration
+from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.row import path_time
 from nccl_published import DATA, ndr_ring_s, nic_path
 from tests.cli_run import run_cli

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan.catalog import system
-from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration import load_calibration
+from meshplan.comm.calibration_apply import apply_calibration
 from tests.cli_run import run_cli
 from tests.test_calibrate_cli import DATA
 from tests.test_calibration import nccl_tests_text

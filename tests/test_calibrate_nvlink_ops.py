@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.catalog import system
-from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration import load_calibration
+from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.comm.row import Path as CommPath, path_time
 from nccl_alltoall import FILE as A2A

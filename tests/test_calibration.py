@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.comm.calibration import CalibratedLink, apply_calibration, calibration_toml, load_calibration
+from meshplan.comm.calibration import CalibratedLink, calibration_toml, load_calibration
+from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.linkfit import fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, float_str, parse_nccl_tests_json, parse_nccl_tests_text, read_nccl_tests
 from meshplan.catalog import system

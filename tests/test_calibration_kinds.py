@@ -19,7 +19,8 @@ from meshplan.catalog import system
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.comm.nccl_algorithms import collective_time
 from meshplan.comm.calibrate import calibrate_curves
-from meshplan.comm.calibration import apply_calibration, calibration_toml, load_calibration
+from meshplan.comm.calibration import calibration_toml, load_calibration
+from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.calibration_kinds import per_nic
 from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.config import load_config

@@ -550,7 +550,7 @@ def test_attention_kernel_follows_the_framework():
     8B, one sequence of 8,192 tokens, tp 1: 32 heads of 128, causal forward FLOP
     4 x 32 x 8192^2 x 128 / 2 = 549.8 GFLOP; FA2 333 TFLOP/s forward (S7c) and 318 backward (S8)
     at S 8192, FA3 602 and 559."""
-    from meshplan.compute.ops import framework_kernels
+    from meshplan.compute.kernel_choices import framework_kernels
     from meshplan.spec.training import TrainingSpec
     llama, h100 = catalog.model("llama3-8b"), catalog.gpu("h100-sxm5-80gb")
     fwd_flop = 4 * 32 * 8192 ** 2 * 128 / 2

@@ -210,7 +210,7 @@ def test_te_backward_gathers_read_as_blocking():
     backward all-gather is the replayed core's, which the replayed attention waits for right after
     it: slack 0 (newcomer 31 #5: it read 28.5 ms of slack, before the fused QKV had no Q projection apart, the deadline of the reduce-scatter's
     Q projection at the block's end)."""
-    from meshplan.schedule.linkload import timings
+    from meshplan.schedule.readiness import timings
 
     plan = _plan({"catalog": "llama3-8b"}, {"names": ["cp", "dp_shard"], "shape": [2, 8]}, nodes=2,
                  **{"global_batch": 16, "seq_len": 8192, "framework": "megatron", "recompute": "selective",

@@ -196,12 +196,12 @@ def test_deepspeed_gradients_live_in_the_model_dtype(tmp_path, stage, precision,
 
 
 def test_step_lists_the_bucket_all_reduces():
-    """The step's collective list (linkload.timings: first occurrence of each kind) shows the
+    """The step's collective list (readiness.timings: first occurrence of each kind) shows the
     ZeRO-2 bucket all-reduces beside the step's parameter all-gather: a user saw only the
     all-gather although the all-reduces were most of the exposed dp time. The first one issued
     lasts one bucket's all-reduce (one of BUCKETS' times); Megatron-LM's ZeRO-1 names its
     per-step reduction a reduce-scatter."""
-    from meshplan.schedule.linkload import timings
+    from meshplan.schedule.readiness import timings
     plan = _plan()
     cfg = plan.config
     path = axis_path(plan.mesh, plan.placement, cfg.cluster, "fsdp")

@@ -15,7 +15,8 @@ import pytest
 from meshplan import catalog
 from meshplan.compute.embed_head import embedding_cost, head_cost
 from meshplan.compute.layer import layer_cost, layer_costs
-from meshplan.compute.ops import BLOCKS, PHASES, RECOMPUTE, Workload, float8_gemms, framework_kernels
+from meshplan.compute.ops import BLOCKS, PHASES, RECOMPUTE, Workload
+from meshplan.compute.kernel_choices import float8_gemms, framework_kernels
 from meshplan.compute.recompute import full_ac_not_replayed
 from meshplan.compute.routing import RoutingOptions
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS

@@ -27,7 +27,7 @@ import pytest
 
 from meshplan import catalog
 from meshplan.comm.row import path_time
-from meshplan.compute import float8
+from meshplan.compute import float8, float8_tp_reduces
 from meshplan.compute.measured import kernel_data, memory_kernel_seconds
 from meshplan.compute.layer import layer_cost
 from meshplan.interop.common import ImportOptions
@@ -111,8 +111,8 @@ def test_a8_tensorwise_tp_by_hand(tmp_path):
     assert ops["float8 transpose (wo output grad, gathered)", "backward_input", False] == 2 * full
     assert ops["float8 cast (w_up output grad)", "backward_input", False] == 4 * 98304 * 1792  # local, both layouts
     c = layer_cost(p.config.model, H100, workload_of(p))
-    calls = (float8.tp_amax_calls(c.ops, "", "forward"), float8.tp_amax_calls(c.ops, "", "backward_input"))
-    assert calls == float8.tp_amax_per_layer(frozenset(float8.INPUTS), True) == (4, 7)
+    calls = (float8_tp_reduces.tp_amax_calls(c.ops, "", "forward"), float8_tp_reduces.tp_amax_calls(c.ops, "", "backward_input"))
+    assert calls == float8_tp_reduces.tp_amax_per_layer(frozenset(float8.INPUTS), True) == (4, 7)
     rows = {r.phase: r.per_step for r in p.stage(0).collectives if r.dtype == "fp64"}
     assert rows == {"forward": 32 * 4, "backward": 32 * (7 + 4)}  # op-level AC replays the forward's
 
@@ -133,9 +133,9 @@ def test_a8_rowwise_by_hand(tmp_path):
     assert ops["float8 cast + transpose (wq output grad, token scales over tp)", "backward_input", False] == 5 * 98304 * 512
     assert ops["float8 cast (transposed) (wq weight, weight scales over tp)", "backward_input", False] == 3 * 512 * 4096
     c = layer_cost(p.config.model, H100, workload_of(p))
-    calls = [float8.tp_amax_calls(c.ops, "", ph, m) for m in (float8.TOKEN_SCALES, float8.WEIGHT_SCALES)
+    calls = [float8_tp_reduces.tp_amax_calls(c.ops, "", ph, m) for m in (float8.TOKEN_SCALES, float8.WEIGHT_SCALES)
              for ph in ("forward", "backward_input")]
-    assert calls == [2, 5, 2, 5] and float8.rowwise_tp_per_layer(frozenset(float8.INPUTS)) == (2, 5)
+    assert calls == [2, 5, 2, 5] and float8_tp_reduces.rowwise_tp_per_layer(frozenset(float8.INPUTS)) == (2, 5)
     # the table: per micro-batch 32 layers x 2 forward, x (5 + 2) backward (op-level AC replays the forward's
     # casts: torchtitan saves aten.max, not rowwise's aten.amax), fp64: 98,304 tokens x 8 = 786,432 B, 4096
     # hidden units x 8 = 32,768 B

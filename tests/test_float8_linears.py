@@ -30,7 +30,7 @@ from meshplan.errors import ConfigError
 from meshplan.compute.embed_head import head_cost
 from meshplan.compute.kernel_time import issue_floor
 from meshplan.compute.layer import layer_cost
-from meshplan.compute.ops import float8_gemms
+from meshplan.compute.kernel_choices import float8_gemms
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.interop.megatron import write as megatron_args

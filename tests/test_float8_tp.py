@@ -32,7 +32,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan import catalog
-from meshplan.compute import float8
+from meshplan.compute import float8, float8_tp_reduces
 from meshplan.compute.layer import layer_cost
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
@@ -214,8 +214,8 @@ def test_v022_converter_name_runs_plain_tp(tmp_path, gather, fwd, bwd):
     assert amax == {"forward": 32 * fwd, "backward": 32 * bwd}
     # the layer's kernels mark the same casts (whose all-reduce the timeline waits for)
     c = layer_cost(p.config.model, catalog.gpu("h100-sxm5-80gb"), workload_of(p))
-    calls = (float8.tp_amax_calls(c.ops, "", "forward"), float8.tp_amax_calls(c.ops, "", "backward_input"))
-    assert calls == float8.plain_tp_amax_per_layer(frozenset(float8.INPUTS), gather) == (fwd, 5)
+    calls = (float8_tp_reduces.tp_amax_calls(c.ops, "", "forward"), float8_tp_reduces.tp_amax_calls(c.ops, "", "backward_input"))
+    assert calls == float8_tp_reduces.plain_tp_amax_per_layer(frozenset(float8.INPUTS), gather) == (fwd, 5)
 
 
 def test_mixed_float8_names_and_export_say_what_torchtitan_does(tmp_path):

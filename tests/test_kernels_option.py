@@ -188,7 +188,7 @@ def test_fragment_attention_rows_go_before_the_frameworks_kernels(tmp_path):
     `prefer` first), at the flash-attention FLOP convention (forward 4 B S^2 H d / 2 causal,
     backward 2.5x); a GEMM-only fragment leaves the attention rows as they were."""
     from meshplan.compute.measured import attention_seconds
-    from meshplan.compute.ops import SDPA_KERNELS
+    from meshplan.compute.kernel_choices import SDPA_KERNELS
     from meshplan.compute.shapes import Attention
 
     rows = [dict(kernel="SDPA", pass_=p, mask="causal", head_dim=128, dtype="bf16", seq=[4096, 16384],

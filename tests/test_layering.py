@@ -22,7 +22,7 @@ LAYERS = [
      "meshplan.output_ledger", "meshplan.fileio", "meshplan.keymap"],
     ["meshplan.spec"],
     ["meshplan.catalog"],
-    ["meshplan.config", "meshplan.config_tables", "meshplan.config_toml"],
+    ["meshplan.config", "meshplan.config_errors", "meshplan.config_tables", "meshplan.config_toml"],
     ["meshplan.mesh"],
     ["meshplan.interop"],
     ["meshplan.pipeline"],

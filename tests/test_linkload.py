@@ -3,7 +3,8 @@
 import pytest
 
 from meshplan.comm.alphabeta import busbw_factor
-from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.linkload import concurrency, edge_loads
+from meshplan.schedule.readiness import timings
 from meshplan.plan import build_plan
 from meshplan.config import load_config
 from meshplan.schedule.steptime import step_time
@@ -73,7 +74,7 @@ def test_cross_rail_groups_use_spine():
 # over the whole event list of StepTime.trace_events (issue 11 item 4: the 16,384-GPU step).
 
 def _timings_loop(st, stage=0):
-    from meshplan.schedule.linkload import Timing, _op_of
+    from meshplan.schedule.readiness import Timing, _op_of
     events = st.trace_events(detail=True, stage=stage)
     compute = sorted((e for e in events if e.stream == "compute"), key=lambda e: e.start_s)
     opt = next((e.start_s for e in events if "optimizer" in e.name), max(e.end_s for e in events))

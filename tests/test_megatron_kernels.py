@@ -48,7 +48,7 @@ def test_fp32_accumulation_bounds_the_weight_gradient_by_its_bytes():
 
 @pytest.mark.slow  # plans every candidate: about 2 CPU minutes
 def test_search_bound_stays_below_the_megatron_step():
-    """The search's lower bound uses the same framework kernels (compute.ops.framework_kernels):
+    """The search's lower bound uses the same framework kernels (compute.kernel_choices.framework_kernels):
     with framework = "megatron" (fused QKV, fp32 wgrad accumulation, blocking pp sends) it never
     exceeds the step model on any feasible candidate of the 8-GPU search case (but those the rule
     'framework' rejects under Megatron-LM, hsdp and zero3 kept gathered: no bound)."""

@@ -1,7 +1,7 @@
 """One rule for whether an MoE layer's MLP block issues dense tp collectives: the search's columns
-(:func:`meshplan.spec.axes.ep.moe_mlp_blocks_tp`, over arrays of degrees) call the same
-:func:`~meshplan.spec.axes.ep.experts_over_tp` as the collective table and the rank timeline
-(:func:`~meshplan.spec.axes.ep.moe_mlp_tp_ops`); moe_mlp_blocks_tp had its own copy of the formula."""
+(:func:`meshplan.spec.axes.moe_tp.moe_mlp_blocks_tp`, over arrays of degrees) call the same
+:func:`~meshplan.spec.axes.moe_tp.experts_over_tp` as the collective table and the rank timeline
+(:func:`~meshplan.spec.axes.moe_tp.moe_mlp_tp_ops`); moe_mlp_blocks_tp had its own copy of the formula."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_blocks_tp, moe_mlp_tp_ops
+from meshplan.spec.axes.moe_tp import experts_over_tp, moe_mlp_blocks_tp, moe_mlp_tp_ops
 
 
 def test_experts_over_tp_takes_the_search_columns():

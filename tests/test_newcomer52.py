@@ -166,7 +166,7 @@ def test_megatron_deepspeed_flash_attention_is_timed_as_flash_attention_2():
     fused attention: on an H100 the causal head-dim-128 row read is FA2's, where the same plan
     under Megatron-LM's engines (distributed optimizer, no DeepSpeed) reads the catalog's FA3."""
     from meshplan.compute.measured import attention_kernel, kernel_data
-    from meshplan.compute.ops import framework_kernels
+    from meshplan.compute.kernel_choices import framework_kernels
     from meshplan.config import load_config
     t = load_config(DATA / "job_mds_h100.toml").training
     lm = t.model_copy(update={"zero12_engine": "megatron", "grad_dtype": None, "pp_engine": "framework"})

@@ -11,7 +11,8 @@ import pytest
 
 from meshplan import catalog
 from meshplan.compute.layer import layer_cost, layer_costs
-from meshplan.compute.ops import Workload, framework_kernels
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import framework_kernels
 from meshplan.spec.training import TrainingSpec
 
 A100 = catalog.gpu("a100-sxm-80gb")

@@ -20,7 +20,7 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.comm_streams import comm_kind
-from meshplan.schedule.comm_times import shard_group
+from meshplan.schedule.row_groups import shard_group
 
 MODEL = dict(layers=8, hidden=64, ffn=128, gated_mlp=False, q_heads=4, vocab=256)
 EMB_AG, EMB_RS = 256 * 64 * 2, 256 * 64 * 4

@@ -6,7 +6,8 @@ import pytest
 from meshplan import catalog
 from meshplan.compute import ring_attention
 from meshplan.compute.layer import layer_cost
-from meshplan.compute.ops import SDPA_KERNELS, Workload
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import SDPA_KERNELS
 from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE, ring_bytes, slowest_rank
 from meshplan.compute.shapes import attention_shape
 
@@ -95,7 +96,7 @@ def test_no_ring_ops_without_torch_cp(kw):
 
 
 def test_megatron_has_no_torch_ring():
-    from meshplan.compute.ops import framework_kernels
+    from meshplan.compute.kernel_choices import framework_kernels
     from meshplan.spec.training import TrainingSpec
     assert framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_ring_attention"] is True
     megatron = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32")

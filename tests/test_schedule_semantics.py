@@ -17,7 +17,7 @@ from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.backward_pass import backward_unit
 from meshplan.schedule.rank_timeline import forward_unit
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.schedule.comm_times import CP_PACKED, shard_group
+from meshplan.schedule.row_groups import CP_PACKED, shard_group
 from meshplan.spec.axes.cp import P2P_PACKED
 from meshplan.schedule.steptime import layer_unit_times, step_time
 from meshplan.schedule.workload import chunk_costs, workload_of
@@ -346,7 +346,7 @@ def test_megatron_moe_ep1_tp_timeline_issues_the_tp_collectives_the_table_counts
     at ep 1) and etp 2 (Megatron-LM's default, arguments.py:587-588 at d98e8a6). Megatron-LM's
     MoE layer gathers nothing over tp: the router and the alltoall dispatcher take the rank's
     sequence shard, the dispatcher moves tokens over ep and etp (its etp rows) and only a shared
-    expert (a dense tp MLP) all-gathers and reduce-scatters over tp (meshplan.spec.axes.ep.moe_mlp_tp_ops).
+    expert (a dense tp MLP) all-gathers and reduce-scatters over tp (meshplan.spec.axes.moe_tp.moe_mlp_tp_ops).
     Before this fix the timeline issued a dense MLP's tp AG/RS around every MoE block without a
     shared expert: forward AG and RS, backward RS and AG, 4 of each per MoE layer and step (the
     table: stage 0 [12, 12, 28, 12], timeline [16, 16, 32, 16]). By hand per micro-batch, s the
@@ -407,7 +407,7 @@ def test_moe_ep1_tp_replay_issues_the_tp_collectives_the_table_counts(recompute,
 def qkv_counts(plan, st, s: int) -> tuple[Counter, Counter]:
     """Stage s's calls per step of Megatron's QKV sub-sharding collectives by (phase, op): from the
     table's rows of that cadence, and from the rank timeline's events of group ``qkv``."""
-    from meshplan.schedule.comm_times import QKV
+    from meshplan.schedule.row_groups import QKV
     from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE
     table = Counter()
     for r in plan.stage(s).collectives:

@@ -326,7 +326,7 @@ def test_bound_counts_the_heads_regather():
 def test_bound_counts_the_float8_amax_all_reduces(tp, mb, pp, was):
     """SMALL in float8 tensorwise with the float8 all-gather, zero3, tp > 1 with SP (torchao's
     float8 TP): each cast of a tp shard waits for the tp all-reduce of its amax, 4 forward and
-    7 backward per layer (compute.float8.tp_amax_per_layer), one 8 B all-reduce each, the
+    7 backward per layer (compute.float8_tp_reduces.tp_amax_per_layer), one 8 B all-reduce each, the
     table's fp64 rows. The bound chains them with the layer (search.layer_bounds.chains); it left them
     out before, still below the step (bound / step 0.865 and 0.877: what ``was`` pins), now
     within the amax all-reduces' total of it (0.960, 0.974 measured)."""
@@ -357,7 +357,7 @@ def test_bound_counts_plain_tp_amax_all_reduces(monkeypatch, gather, pp, tp, mb,
     """SMALL in float8 tensorwise under torch's plain TP (``fp8_tp = false``, torchtitan v0.2.x's converter
     name: tests/test_float8_tp.py): each cast of a tp-sharded DTensor all-reduces its amax over tp, per
     layer forward wo's and w_down's inputs and, unless the row's FSDP gathers in float8, the 7 weights (2 or
-    9), backward the 5 column-parallel output gradients (compute.float8.plain_tp_amax_per_layer), and a
+    9), backward the 5 column-parallel output gradients (compute.float8_tp_reduces.plain_tp_amax_per_layer), and a
     fully recomputed layer's forward's again. The bound now counts them at each row's own
     ``fp8_all_gather`` (search.float8_bounds.plain_tp_counts), exactly the plan's calls: per micro-batch of a
     stage's 8 / pp layers. Each pass of the bound's chain carries the layer's n_f + n_b (+ n_f replayed) x
@@ -389,7 +389,7 @@ def test_bound_counts_rowwise_scale_all_reduces(monkeypatch, pp, tp, mb, rc):
     """SMALL in rowwise float8 (``fp8_recipe = "rowwise"``: torch's plain TP, compute.float8.rowwise_tp):
     each cast of tp-sharded rows all-reduces its scales over tp, fp64, per layer 2 forward (wo's, w_down's
     inputs and weights) and 5 backward (the column-parallel output gradients and weights' transposed
-    casts) of each kind (compute.float8.rowwise_tp_per_layer), and a fully recomputed layer's forward's
+    casts) of each kind (compute.float8_tp_reduces.rowwise_tp_per_layer), and a fully recomputed layer's forward's
     again: token scales of mb x 2048 tokens x 8 B (32,768 B at mb 2, 16,384 B at mb 1), weight scales of
     2048 hidden units x 8 B = 16,384 B (comm.tp_rows._rowwise_scale_rows). The bound now chains them
     (search.float8_bounds.rowwise_times): each pass of a stage's 8 / pp layers carries (2 + 5 (+ 2

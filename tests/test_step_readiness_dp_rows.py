@@ -18,7 +18,7 @@ from meshplan.config import config_from_dict, load_config
 from meshplan.plan import build_plan
 from meshplan.report.json_docs import schema_of
 from meshplan.schedule.comm_streams import DATA_STEP_AXES
-from meshplan.schedule.linkload import step_rows, timings
+from meshplan.schedule.readiness import step_rows, timings
 from meshplan.schedule.steptime import step_time
 from tests.conftest import ROOT
 

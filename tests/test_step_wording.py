@@ -12,7 +12,8 @@ import pytest
 from meshplan.config import config_from_dict, load_config
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import build_plan
-from meshplan.schedule.linkload import StageDetail, timings
+from meshplan.schedule.linkload import StageDetail
+from meshplan.schedule.readiness import timings
 from meshplan.schedule.steptime import step_time
 from tests.conftest import EXAMPLES, ROOT
 

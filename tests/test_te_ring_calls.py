@@ -24,7 +24,8 @@ import pytest
 
 from meshplan import catalog
 from meshplan.compute.layer import layer_cost
-from meshplan.compute.ops import Workload, framework_kernels
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import framework_kernels
 from meshplan.compute.ring_attention import MERGE
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan

@@ -15,7 +15,8 @@ import pytest
 from meshplan import catalog
 from meshplan.compute.embed_head import head_cost
 from meshplan.compute.layer import layer_cost
-from meshplan.compute.ops import Workload, framework_kernels
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import framework_kernels
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions

@@ -2,7 +2,7 @@
 expert over tp like a dense MLP (w1/w3 ``Shard(1)``, w2 ``Shard(2)``: ``expert_param_placement_dense``,
 torchtitan/models/common/moe_sharding.py:50-68, 219-239), every tp rank taking all the tokens, and
 FSDP2 shards the experts with the block over the dense fsdp mesh (torchtitan/distributed/fsdp.py:282-316):
-meshplan's etp = tp, efsdp = dp_shard x cp (:data:`meshplan.spec.axes.ep.TORCH_ETP`).
+meshplan's etp = tp, efsdp = dp_shard x cp (:data:`meshplan.spec.axes.moe_tp.TORCH_ETP`).
 
 A tiny MoE (2 layers, h 64, 4 q / 2 KV heads of 16, 8 experts of width 32, top-2, vocab 256) on
 dp_shard 4 x tp 2 (8 ranks), fp32, b 1 x s 16. By hand, per rank and layer:

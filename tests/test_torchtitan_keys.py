@@ -5,7 +5,7 @@ lines on a torchtitan file in the file's own keys, and an MoE model read through
 ETP (ttetp): meshplan's torch framework follows pytorch/torchtitan b5bcd76, where c4b409a (#3167,
 2026-04-30) had removed expert tensor parallelism: with ep > 1 the routed experts are ``Shard(0)``
 on ep and whole otherwise, the tp ranks splitting the tokens (``moe_sharding.py``:29-47, 71-86),
-meshplan's etp 1 (:data:`meshplan.spec.axes.ep.TORCH_ETP`). Before it (aeb3a4b to c4b409a^)
+meshplan's etp 1 (:data:`meshplan.spec.axes.moe_tp.TORCH_ETP`). Before it (aeb3a4b to c4b409a^)
 ``ParallelDims`` allowed etp 1 or tp. Mixtral-8x7B (8 experts, expert width 14336) at dp_shard 8 x
 tp 4 (32 GPUs) with ep 4: etp 2 and etp 4 (= tp) break the rule under torch, etp 1 does not, and
 under megatron (whose expert tp is free) etp 2 and 4 do not either (14336 / 4 = 3584, and
@@ -81,7 +81,7 @@ def test_torch_etp_rule_keeps_etp_1_megatron_and_ep_1():
 def test_torch_search_space_has_etp_1_only_with_ep():
     """The search's candidates for Mixtral on 4 dgx-h100 (32 GPUs): under torch every row with
     ep > 1 has etp 1 and every ep 1 row etp = tp (torchtitan's dense family at ep 1,
-    :func:`meshplan.spec.axes.ep.torch_etp`); under megatron an ep > 1 row with tp 4 has etp 4
+    :func:`meshplan.spec.axes.moe_tp.torch_etp`); under megatron an ep > 1 row with tp 4 has etp 4
     too and ep 1 rows keep etp 1 and tp."""
     from meshplan.search.space import enumerate_candidates
     for framework, want in (("torch", {1}), ("megatron", {1, 4})):

@@ -15,7 +15,8 @@ import typer
 from meshplan.cli.common import _echo
 from meshplan.cli.schedule_opt import renamed, scheduled
 from meshplan.comm.calibrate_nics import config_nic_warning
-from meshplan.comm.calibration import apply_calibration, load_calibrations
+from meshplan.comm.calibration import load_calibrations
+from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.calibration_notes import calibration_doc
 from meshplan.compute.kernel_fragment import kernels_line, with_kernel_files
 from meshplan.compute.rate_check import kernel_file_rates

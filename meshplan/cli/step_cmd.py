@@ -47,7 +47,8 @@ from meshplan.schedule.reshard_note import reshard_default_note
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
-from meshplan.schedule.linkload import edge_loads, p2p_calls, step_rows, timings
+from meshplan.schedule.linkload import edge_loads
+from meshplan.schedule.readiness import p2p_calls, step_rows, timings
 from meshplan.schedule.netload import pxn_line
 from meshplan.schedule.nic_sharing import concurrent_lines
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
@@ -400,7 +401,7 @@ def _print_links(p, st, step_fn) -> None:
 
 def _merged(t) -> str:
     """A first-occurrence row's note where its event stands for several calls of the plan's table
-    (:attr:`~meshplan.schedule.linkload.Timing.calls`), with the time of one (nc54 #9)."""
+    (:attr:`~meshplan.schedule.readiness.Timing.calls`), with the time of one (nc54 #9)."""
     if t.calls == 1.0:
         return ""
     return f"  (one event for {t.calls:.3g} calls, {t.duration_s / t.calls * 1e3:.4f} ms each)"

@@ -1,5 +1,5 @@
 """Which collective kinds a ``--calibration`` fit sets, and how the NIC class's other catalog
-curves follow it (:func:`meshplan.comm.calibration.apply_calibration`).
+curves follow it (:func:`meshplan.comm.calibration_apply.apply_calibration`).
 
 The rule, per link class:
 
@@ -9,7 +9,7 @@ The rule, per link class:
   the hardware", independent of the op; :data:`RING_OPS`); on ``nvlink`` and ``pcie``, and in a
   ``nic`` table without logged curves (a file of before them), all-to-all too;
 - on ``nic``, all-to-all is set by the file's own all-to-all run over more than 2 ranks (its
-  curve, "a2a", :func:`~meshplan.comm.calibration.op_curves`), else it keeps the catalog's "nic"
+  curve, "a2a", :func:`~meshplan.comm.calibration_apply.op_curves`), else it keeps the catalog's "nic"
   curve; an all-to-all fit alone (trial 28: 34.66 GB/s per NIC, where rings reach 46-48, NVIDIA/
   nccl-tests issue #290) sets neither the NIC rate nor the ring ops nor send/recv (:func:`sets_ops`);
 - on ``nvlink`` and ``pcie`` (links inside one node), per op too: the fit and its curve set every op
@@ -91,7 +91,7 @@ def host_share(op: str, n: int, g: int) -> float:
 def read_rate(fit_gb_per_s: float, nics: int, op: str, ranks: int, nodes: int, link: str = "nic") -> float:
     """The rate (GB/s) a calibrated ``link`` class's logged curve of ``op`` over ``ranks`` on
     ``nodes`` hosts is read against (its ``line_gb_per_s`` once applied,
-    :func:`~meshplan.comm.calibration.apply_calibration`), so that at the class's calibrated
+    :func:`~meshplan.comm.calibration_apply.apply_calibration`), so that at the class's calibrated
     rate the curve reads its logged busbw: for ``nic`` the fit per NIC x the ``nics`` of a host
     over :func:`host_share` (the busbw the host's NICs carry at that rate); else the fit.
 
@@ -182,7 +182,7 @@ def scaled_curve(curve: BusbwCurve, r: float, fit_gb_per_s: float, nic_gb_per_s:
 def nic_curves(own: Optional[BusbwCurve], others: list[BusbwCurve], fit_gb_per_s: float,
                catalog: Mapping[str, BusbwCurve], nic_gb_per_s: float) -> dict[str, BusbwCurve]:
     """The calibrated NIC class's curves of the patterns other than ``own``'s ("nic1", "p2p";
-    ``own`` itself becomes "nic", :func:`~meshplan.comm.calibration.apply_calibration`): a run
+    ``own`` itself becomes "nic", :func:`~meshplan.comm.calibration_apply.apply_calibration`): a run
     of that pattern in ``others`` (the file's other curves, read against the fit's NICs as they
     are), else the ``catalog`` curve scaled by :func:`nic_ratio`, else none (the pattern then
     reads "nic", as a catalog node without it does)."""

@@ -61,7 +61,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     (no NCCL base latency, no protocol choice), and neither NVLS nor tree, whose gain the fit
     already holds (nccl-tests ran whatever NCCL picked): a calibrated class is never predicted
     faster than its own measurements; the ring is read on the user's own curve of the link
-    (``meshplan calibrate`` writes it, :func:`meshplan.comm.calibration.apply_calibration`
+    (``meshplan calibrate`` writes it, :func:`meshplan.comm.calibration_apply.apply_calibration`
     puts it in ``curves``) at every size: continued along its last segment above the largest and
     held latency-bound below the smallest (:func:`~meshplan.comm.alphabeta.measured_time`: the
     fit's alpha where it is below the smallest logged time, else that time), so every logged

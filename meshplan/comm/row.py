@@ -32,7 +32,7 @@ class Path:
     nodes: ``nodes`` spanned, ``ranks_per_node`` of the group on a node, and
     ``nic_bandwidth_bytes_per_s``, the share of its own NIC a rank gets while every group of
     the axis runs (all-to-all's cross-node bytes leave through it). ``calibrated``: the link
-    class carries the user's nccl-tests fit (:func:`meshplan.comm.calibration.apply_calibration`),
+    class carries the user's nccl-tests fit (:func:`meshplan.comm.calibration_apply.apply_calibration`),
     timed as :func:`meshplan.comm.nccl_algorithms.collective_time` says."""
 
     kind: str  # "local" | "nvlink" | "network"

@@ -31,11 +31,11 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   each cast of a tp-sharded DTensor all-reduces its amax, one fp64 scalar: per Llama layer 9 forward
   (wo's and w_down's inputs, 7 weights) and 5 backward (:func:`_float8_amax_rows`).
 - TP with MoE layers at ep 1 under framework torch (etp = tp,
-  :func:`meshplan.spec.axes.ep.experts_over_tp_ops`): the routed experts sharded over tp as a dense
+  :func:`meshplan.spec.axes.moe_tp.experts_over_tp_ops`): the routed experts sharded over tp as a dense
   MLP, so the layer's collectives are a dense layer's (with SP and shared experts, one more
   reduce-scatter forward and all-gather backward: torchtitan reduces the two outputs apart).
 - TP with MoE layers otherwise (etp 1, and framework megatron at any etp, :func:`_tp_layer_ops`; the rule:
-  :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`): attention and shared experts as above;
+  :func:`meshplan.spec.axes.moe_tp.moe_mlp_tp_ops`): attention and shared experts as above;
   the tp ranks split the tokens for the routed experts (:mod:`meshplan.runtime.execution.moe`), so
   the routed path has no tp collective under SP (a rank routes its own sequence shard) and
   without SP one all-gather of the b*s*h routed outputs (the replicated activation rebuilt
@@ -63,17 +63,18 @@ from collections import Counter
 
 from meshplan.comm.stage_context import StageContext
 from meshplan.comm.tp_grads import sp_norm_grad_rows, tp_grad_rows
-from meshplan.compute import float8
+from meshplan.compute import float8, float8_tp_reduces
 from meshplan.compute.batch_input import (BROADCAST_GROUPS, CORE_CADENCES, CORE_KEY_BYTES, GET_BATCH_CADENCES,
                                           core_broadcast_keys, core_key_bytes, megatron_broadcast_bytes)
 from meshplan.compute.asynctp import te_fp8_gathers
 from meshplan.compute.dtensor_sp import float8_tp, fp8_tp_gathers
 from meshplan.compute.megatron_core import embedding_reduce_scatter
-from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import float8_gemms, framework_kernels
 from meshplan.compute.recompute import full_ac_replays_whole
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
-from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_tp_ops
+from meshplan.spec.axes.moe_tp import experts_over_tp, moe_mlp_tp_ops
 from meshplan.spec.recompute_modules import layer_parts, mla_up_gathers, replayed_tp_ops
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE, qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
@@ -95,7 +96,7 @@ def tp_rows(add, c: StageContext) -> None:
     if _rowwise_tp(c):
         _rowwise_scale_rows(add, c)
     elif float8.tensorwise_plain_tp(c.model, _workload(c)):
-        _float8_amax_rows(add, c, float8.plain_tp_amax_per_layer)
+        _float8_amax_rows(add, c, float8_tp_reduces.plain_tp_amax_per_layer)
     qkv_gather_rows(add, c)
     mla_up_rows(add, c)
     get_batch_rows(add, c)
@@ -177,11 +178,11 @@ FLOAT8_TOKEN_SCALES_CADENCE = "every rowwise float8 cast of tp-sharded rows (tor
 FLOAT8_WEIGHT_SCALES_CADENCE = "every rowwise float8 cast of a tp-sharded weight (torchao rowwise: one scale a unit)"
 
 
-def _float8_amax_rows(add, c: StageContext, per_layer=float8.tp_amax_per_layer) -> None:
+def _float8_amax_rows(add, c: StageContext, per_layer=float8_tp_reduces.tp_amax_per_layer) -> None:
     """The tp all-reduces of the amaxes of the float8 casts of tp shards under torchao's float8
-    TP (:func:`meshplan.compute.float8.tp_amax_per_layer`: 4 forward, 7 backward per Llama layer,
+    TP (:func:`meshplan.compute.float8_tp_reduces.tp_amax_per_layer`: 4 forward, 7 backward per Llama layer,
     weights gathered in float8), or tensorwise under plain TP (``per_layer``
-    :func:`~meshplan.compute.float8.plain_tp_amax_per_layer`: 9 and 5, 2 and 5 with the float8 all-gather): ``tensor_to_amax``'s ``torch.max(torch.abs(x))`` of a Shard
+    :func:`~meshplan.compute.float8_tp_reduces.plain_tp_amax_per_layer`: 9 and 5, 2 and 5 with the float8 all-gather): ``tensor_to_amax``'s ``torch.max(torch.abs(x))`` of a Shard
     DTensor is a Partial max, all-reduced before the scale; the cast waits for it (eab345c
     ``float8_scaling_utils.hp_tensor_to_float8_dynamic``). A recomputed layer (full, per-layer or
     op-level AC) replays its forward casts' all-reduces (op-level AC saves ``aten.max``'s output,
@@ -200,7 +201,7 @@ def _float8_amax_rows(add, c: StageContext, per_layer=float8.tp_amax_per_layer) 
 
 def _rowwise_scale_rows(add, c: StageContext) -> None:
     """The tp all-reduces of rowwise float8 scales under plain TP (:func:`meshplan.compute.float8.rowwise_tp`):
-    per dense layer :func:`~meshplan.compute.float8.rowwise_tp_per_layer` of each kind (Llama 2
+    per dense layer :func:`~meshplan.compute.float8_tp_reduces.rowwise_tp_per_layer` of each kind (Llama 2
     forward, 5 backward), the forward's again where the layer is recomputed (as
     :func:`_float8_amax_rows`), fp64 as the tensorwise amax: one scale a token of the rank's
     micro-batch (b x s/cp, gathered), or one a hidden unit (h: the K of the column-parallel
@@ -210,7 +211,7 @@ def _rowwise_scale_rows(add, c: StageContext) -> None:
         if c.model.is_moe_layer(i):
             continue
         names = frozenset(x.name for x in c.model.layer_tensors(i) if c.training.float8_linear(x))
-        f, b = float8.rowwise_tp_per_layer(names)
+        f, b = float8_tp_reduces.rowwise_tp_per_layer(names)
         replay = c.layer_recomputed(k) or c.training.recompute == "op"
         fwd, bwd = fwd + f, bwd + b + (f if replay else 0)
     tokens = c.training.micro_batch * c.seq_local
@@ -225,7 +226,7 @@ def _rowwise_tp(c: StageContext) -> bool:
 
 
 def _workload(c: StageContext) -> Workload:
-    """The stage's float8 Linears (:func:`meshplan.compute.ops.float8_gemms`), tp degree and
+    """The stage's float8 Linears (:func:`meshplan.compute.kernel_choices.float8_gemms`), tp degree and
     framework as a Workload, for :mod:`meshplan.compute.float8`'s rules."""
     t = c.training
     return Workload(seq_len=t.seq_len, tp=c.mesh.degree("tp"), megatron_ops=t.framework == "megatron",

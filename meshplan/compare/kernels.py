@@ -8,7 +8,7 @@ one GEMM, the weight-gradient accumulation inside the GEMM, Megatron-LM's own ke
 the GEMMs, torch's eager elementwise ops and norms, torch's sequence-parallel layout copies,
 torch's context-parallel ring attention's merges (:mod:`meshplan.compute.ring_attention`):
 the :class:`~meshplan.compute.ops.Workload` fields that
-:func:`~meshplan.compute.ops.framework_kernels` sets, and with ``training.tp_comm_overlap`` whose
+:func:`~meshplan.compute.kernel_choices.framework_kernels` sets, and with ``training.tp_comm_overlap`` whose
 decomposed TP GEMMs run (``async_tp``, :mod:`meshplan.compute.asynctp`) (:data:`CHOICES`, its keys).
 
 Each choice's seconds are counterfactual and add up: on plan B (its mesh, stages and
@@ -27,11 +27,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from meshplan.compute.ops import MDS_KERNELS, Workload
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import MDS_KERNELS
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.units import MS
 
-#: The per-framework compute choices (:func:`meshplan.compute.ops.framework_kernels`'s
+#: The per-framework compute choices (:func:`meshplan.compute.kernel_choices.framework_kernels`'s
 #: fields) and what each is, in words.
 CHOICES: dict[str, str] = {
     "attention_kernels": "attention kernel",

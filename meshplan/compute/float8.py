@@ -65,7 +65,7 @@ benchmark: torch 38410cf9, torchao built 2025-06-13/14, read at pytorch/ao 62430
   forward the row-parallel Linears' inputs (sharded along K: one scale per token) and weights
   (one per output unit), in backward the column-parallel ones' output gradients (sharded along
   N: one per token) and weights (one per input unit): :data:`TOKEN_SCALES`, :data:`WEIGHT_SCALES`
-  (:func:`rowwise_tp_per_layer`; the table's rows: :mod:`meshplan.comm.tp_rows`). Not checked in a trace.
+  (:func:`~meshplan.compute.float8_tp_reduces.rowwise_tp_per_layer`; the table's rows: :mod:`meshplan.comm.tp_rows`). Not checked in a trace.
 
 **Eager** (not compiled): each torch op a kernel, each Linear its own casts: amax = ``abs``
 (read b, write b) + ``max`` (read b) = ``3 b``; cast = ``to(float32)`` (b + 4) + ``* scale``
@@ -178,7 +178,7 @@ def float8_tp(model, w) -> bool:
 def tensorwise_plain_tp(model, w) -> bool:
     """Tensorwise float8 Linears under torch's plain TP (``fp8_tp`` false, tp > 1; dense layers, no
     MLA): each cast after the gathers, as without TP, but the amax of a tp-sharded DTensor is a
-    Partial max all-reduced over tp (:func:`plain_tp_amax_per_layer`; not checked in a trace)."""
+    Partial max all-reduced over tp (:func:`~meshplan.compute.float8_tp_reduces.plain_tp_amax_per_layer`; not checked in a trace)."""
     return applies(w) and not w.fp8_rowwise and not w.fp8_tp and w.tp > 1 and not model.is_moe and not model.is_mla
 
 
@@ -186,35 +186,6 @@ def rowwise_tp(model, w) -> bool:
     """Rowwise float8 Linears under torch's plain TP (tp > 1; dense layers, no MLA, as
     :func:`float8_tp`): casts of tp-sharded rows all-reduce their amaxes (module docstring)."""
     return applies(w) and w.fp8_rowwise and w.tp > 1 and not model.is_moe and not model.is_mla
-
-
-def rowwise_tp_per_layer(names) -> tuple[int, int]:
-    """(forward, backward) tp all-reduces of each of :data:`TOKEN_SCALES` and :data:`WEIGHT_SCALES`
-    per dense layer and micro-batch under :func:`rowwise_tp`, ``names``: the layer's float8 GEMMs:
-    one each per row-parallel Linear in forward, per column-parallel one in backward. Llama: 2, 5.
-
-    >>> rowwise_tp_per_layer(frozenset(INPUTS)), rowwise_tp_per_layer(frozenset({"wq", "w_down"}))
-    ((2, 5), (1, 1))
-    """
-    mine = [n for n in INPUTS if n in names]
-    row = sum(n in ROW_PARALLEL for n in mine)
-    return row, len(mine) - row
-
-
-def plain_tp_amax_per_layer(names, fp8_all_gather: bool) -> tuple[int, int]:
-    """(forward, backward) tp all-reduces of amaxes per dense layer and micro-batch under
-    :func:`tensorwise_plain_tp`: forward one per row-parallel Linear's input (torch's
-    ``RowwiseParallel`` hands it over sharded along K) and, unless FSDP gathers them in float8, per
-    weight (a tp-sharded DTensor); backward one per column-parallel Linear's output gradient
-    (sharded along N). The column-parallel inputs and row-parallel output gradients arrive gathered
-    (Replicate): no all-reduce. Llama: 9 and 5.
-
-    >>> plain_tp_amax_per_layer(frozenset(INPUTS), False), plain_tp_amax_per_layer(frozenset(INPUTS), True)
-    ((9, 5), (2, 5))
-    """
-    mine = [n for n in INPUTS if n in names]
-    row = sum(n in ROW_PARALLEL for n in mine)
-    return row + (0 if fp8_all_gather else len(mine)), len(mine) - row
 
 
 def activation_kernels(rowwise: bool, eager: bool, b: int, shard: bool) -> list[tuple[str, float]]:
@@ -390,32 +361,3 @@ def _activation(what: str, block: str, phase: str, rows: int, cols: int, w, roww
     if gathered:
         out.append((f"float8 transpose ({what}, gathered)", _bw_block(block), "backward_input", 2.0 * rows * cols))
     return out
-
-
-def tp_amax_calls(kernels, side: str, phase: str, mark: str = OVER_TP) -> int:
-    """The tp all-reduces of amaxes among ``kernels`` (:func:`layer_kernels` tuples or
-    :class:`~meshplan.compute.ops.Op`) of ``phase`` on ``side`` ("attn": blocks attn_pre, attn,
-    attn_post; "mlp": mlp_pre, mlp, mlp_post; "" both), replayed kernels left out: the kernels
-    named with ``mark`` (:data:`OVER_TP`, or rowwise's :data:`TOKEN_SCALES`, :data:`WEIGHT_SCALES`)."""
-    out = 0
-    for k in kernels:
-        name, block, ph = (k[0], k[1], k[2]) if isinstance(k, tuple) else (k.name, k.block, k.phase)
-        if getattr(k, "recompute", False):  # a replay: its all-reduces are counted as the forward's
-            continue
-        if ph == phase and mark in name and block.startswith(side):
-            out += 1
-    return out
-
-
-def tp_amax_per_layer(names, fp8_all_gather: bool) -> tuple[int, int]:
-    """(forward, backward) tp all-reduces of amaxes per dense layer and micro-batch under
-    torchao's float8 TP (:func:`float8_tp`), ``names``: the layer's float8 GEMMs: one per
-    distinct input and, unless FSDP gathers them in float8, per weight (a tp-sharded DTensor)
-    in forward; one per output gradient in backward. The same count as the :data:`OVER_TP`
-    kernels of :func:`layer_kernels` (``tests/test_float8_casts.py``). Llama: 4 and 7.
-
-    >>> tp_amax_per_layer(frozenset(INPUTS), True), tp_amax_per_layer(frozenset(INPUTS), False)
-    ((4, 7), (11, 7))
-    """
-    mine = [n for n in INPUTS if n in names]
-    return len({INPUTS[n][0] for n in mine}) + (0 if fp8_all_gather else len(mine)), len(mine)

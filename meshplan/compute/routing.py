@@ -143,7 +143,7 @@ def routed_tokens(tokens, tp, etp, framework: str = "torch"):
       what it received over the etp group (``dispatch_postprocess``, :741-751, ``self.tp_group`` =
       ``pg_collection.expt_tp``, :86) and reduce-scatters the experts' output there before the combine
       (``combine_preprocess``, :824-833): ``(b s/cp / tp, etp)``.
-    - torch (torchtitan b5bcd76, :data:`meshplan.spec.axes.ep.TORCH_ETP`): with ep > 1 (etp 1) the tp
+    - torch (torchtitan b5bcd76, :data:`meshplan.spec.axes.moe_tp.TORCH_ETP`): with ep > 1 (etp 1) the tp
       ranks split the tokens, ``b s/cp / tp``; at ep 1 with etp = tp every tp rank takes all of them
       (its MoE input all-gathered over tp before routing): ``(b s/cp x etp / tp, 1)``.
 

@@ -34,7 +34,7 @@ meshplan.errors.ConfigError: parallelism.moe_comm_backend: not a torchtitan job-
 from __future__ import annotations
 
 from meshplan.errors import ConfigError, printable
-from meshplan.spec.axes.ep import TORCH_ETP, TORCH_ETP_EP1
+from meshplan.spec.axes.moe_tp import TORCH_ETP, TORCH_ETP_EP1
 
 KEY = "expert_parallel_comm_backend"
 #: The backend's name in torchtitan's Python configs (``model_registry(..., moe_comm_backend=)``, 7cec166 on),
@@ -86,7 +86,7 @@ def write_backend(moe_dispatcher: str) -> dict:
 
 def read_etp(par: dict, deg: dict[str, int], notes: list[str]) -> None:
     """``parallelism.expert_tensor_parallel_degree`` (e347b1e's ``job_config.py``:464, v0.2.2; c4b409a
-    removed it: :data:`~meshplan.spec.axes.ep.TORCH_ETP`). With ep > 1, v0.2.2 runs etp 1 or tp
+    removed it: :data:`~meshplan.spec.axes.moe_tp.TORCH_ETP`). With ep > 1, v0.2.2 runs etp 1 or tp
     (``parallel_dims.py``:58-59 at e347b1e), another etp a ConfigError; etp = tp is read, with a note, and
     planned as v0.2.2 runs it (the import names that torchtitan: ``training.op_sac_policy = "238fa99"``,
     :attr:`~meshplan.spec.training.TrainingSpec.torchtitan_v022`; rule ``torch_etp`` accepts it). At ep 1 it is read

@@ -3,7 +3,7 @@
 writes for a plan's model (:func:`flavor_of`; :func:`flavor_refusal` where none is that model).
 
 Each flavor is the torchtitan registry at pytorch/torchtitan b5bcd76 (2026-08-21, the version
-meshplan follows: :data:`~meshplan.spec.axes.ep.TORCH_ETP`), ``torchtitan/models/<name>/__init__.py``:
+meshplan follows: :data:`~meshplan.spec.axes.moe_tp.TORCH_ETP`), ``torchtitan/models/<name>/__init__.py``:
 
 =================== =============================================== ========================
 torchtitan          its args at b5bcd76 (file:line of the flavor)    meshplan model
@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from meshplan import catalog
-from meshplan.config_tables import build
+from meshplan.config_errors import build
 from meshplan.errors import ConfigError, did_you_mean
 from meshplan.interop.common import ImportOptions, model_option
 from meshplan.limits import BOUNDS

@@ -29,7 +29,7 @@ from meshplan.interop.torchtitan_tables import (
 )
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes import TORCHTITAN_AXES
-from meshplan.spec.axes.ep import TORCH_ETP_EP1, torch_etp
+from meshplan.spec.axes.moe_tp import TORCH_ETP_EP1, torch_etp
 from meshplan.spec.hf import hf_source
 
 
@@ -343,8 +343,8 @@ def _etp_written(cfg: Config, mesh: Mesh, deg: dict[str, int]) -> int:
     cp x tp / (etp x ep)`` (:138) is the resolved mesh's own rule (``(dp_shard * cp * tp) % (ep * etp)``,
     checked before); at ep 1 an MoE
     model's experts over tp whatever the key (``apply_moe_ep_tp``, ``llama4/infra/parallelize.py``:
-    559-563, as at b5bcd76: :data:`~meshplan.spec.axes.ep.TORCH_ETP_EP1`). ConfigError naming ``--to``
-    for another etp. b5bcd76 runs etp 1 with ep > 1 only (:data:`~meshplan.spec.axes.ep.TORCH_ETP`):
+    559-563, as at b5bcd76: :data:`~meshplan.spec.axes.moe_tp.TORCH_ETP_EP1`). ConfigError naming ``--to``
+    for another etp. b5bcd76 runs etp 1 with ep > 1 only (:data:`~meshplan.spec.axes.moe_tp.TORCH_ETP`):
     :func:`etp_note` says so where the file has etp = tp."""
     ep, etp, tp = mesh.ep, mesh.etp, deg.get("tp", 1)
     if ep > 1 and etp not in (1, tp):

@@ -69,7 +69,8 @@ from math import ceil
 
 from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp, fp8_tp_gathers
-from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import float8_gemms, framework_kernels
 from meshplan.compute.recompute import op_replays_ep
 from meshplan.compute.shapes import layer_gemms
 from meshplan.compute.shapes import local_split

@@ -27,7 +27,8 @@ from meshplan.report.json_out import plain_data, timeline_summary
 from meshplan.report.plan_warnings import plan_warnings
 from meshplan.schedule.link_spill import other_stage_loads
 from meshplan.schedule.hint_facts import hint_docs
-from meshplan.schedule.linkload import concurrency, edge_loads, step_rows, timings
+from meshplan.schedule.linkload import concurrency, edge_loads
+from meshplan.schedule.readiness import step_rows, timings
 from meshplan.schedule.nic_sharing import nic_waits
 from meshplan.schedule.stage_balance import closed_form, uniform_bubble
 from meshplan.schedule.stage_traffic import traffic_stage
@@ -174,10 +175,10 @@ def _schedule(st) -> Optional[str]:
 
 
 def _timing(t, rows: str = "", plan_rows: Sequence = ()) -> dict[str, Any]:
-    """One readiness row (:class:`~meshplan.schedule.linkload.Timing`) with its slack; ``calls``
+    """One readiness row (:class:`~meshplan.schedule.readiness.Timing`) with its slack; ``calls``
     only where the event merges several of the table's calls; ``issued`` only where a per-step row goes
     out inside the last backward or after it; ``rows`` only on a ``step`` row: the cadences of the plan
-    rows it stands for (:func:`~meshplan.schedule.linkload.step_rows`); ``plan_rows``: those rows
+    rows it stands for (:func:`~meshplan.schedule.readiness.step_rows`); ``plan_rows``: those rows
     (:func:`~meshplan.schedule.timing_rows.timing_rows`) with the keys ``plan --json`` gives them (axis,
     cadence, size_bytes, group_size, busbw_bytes_per_s, time_s: one call each)."""
     doc = dict(plain_data(t), slack_s=t.slack_s)

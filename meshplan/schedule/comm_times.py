@@ -1,6 +1,7 @@
 """A stage's collective rows as the rank timeline reads them: each row's seconds per call keyed
 (kind, group, phase, op) in :class:`CommTimes`, with the per-step, per-micro-batch, pp, loss and
-DeepSpeed figures apart, and the FSDP unit group a row belongs to (:func:`shard_group`); the SM
+DeepSpeed figures apart, and the FSDP unit group a row belongs to
+(:func:`~meshplan.schedule.row_groups.shard_group`, with the other groups a row is kept under); the SM
 share a collective's NCCL kernel takes from compute (:func:`nccl_sm_share`) and the share of its
 NICs a network collective holds (:func:`nic_share`), both computed in
 :mod:`meshplan.schedule.row_shares`. Each row's kind and
@@ -17,97 +18,19 @@ from meshplan.comm.fsdp_rows import REUSE_PART
 from meshplan.comm.deepspeed_ipg import IPG
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
-from meshplan.comm.ep_rows import DROPLESS_COUNTS, ETP_GATHER
 from meshplan.comm.zeropp_rows import HPZ_FIRST
-from meshplan.comm.tp_rows import (FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADENCE, FLOAT8_WEIGHT_SCALES_CADENCE,
-                                   MLA_UP_CADENCES)
-from meshplan.compute.batch_input import CORE_CADENCES, GET_BATCH_CADENCES
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
+from meshplan.schedule.row_groups import row_group, shard_group, slot_op
 from meshplan.schedule.row_shares import nccl_sm_share, nic_share  # noqa: F401 (nccl_sm_share: re-exported)
 from meshplan.spec.axes.base import Slot
-from meshplan.spec.axes.cp import A2A_KV, P2P_PACKED
-from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE
 from meshplan.spec.axes.registry import Axis
-
-
-#: Timeline group of each FSDP root unit label (:func:`meshplan.comm.fsdp_rows.fsdp_units`): one
-#: root, or the embedding's unit and the [norm, output] unit apart (torchtitan, a V).
-ROOT_GROUPS = {"root (embedding)": "root_embed", "root (norm/output)": "root_head"}
-
-
-#: Group of the tp rows that move float8 (the layers' all-gathers under torchao's float8 TP:
-#: :func:`meshplan.compute.dtensor_sp.float8_tp`); the embedding's and head's keep "".
-FLOAT8_TP = "float8"
-
-
-#: Group of the tp all-reduces of float8 amaxes (:data:`meshplan.comm.tp_rows.FLOAT8_AMAX_CADENCE`).
-FLOAT8_AMAX = "float8 amax"
-#: Groups of the tp all-reduces of rowwise float8 scales (:mod:`meshplan.comm.tp_rows`), by row cadence.
-FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES = "float8 token scales", "float8 weight scales"
-_SCALE_GROUPS = {FLOAT8_TOKEN_SCALES_CADENCE: FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES_CADENCE: FLOAT8_WEIGHT_SCALES}
-
-
-#: Group of the cp send/recv rows of Transformer Engine's p2p backward steps that carry K, V, dK and dV in
-#: one buffer (:data:`meshplan.spec.axes.cp.P2P_PACKED`: twice the size of its K/V-only sends).
-CP_PACKED = "kv+dkv"
-#: Group of the cp send/recv rows of torch's ring K/V shifts under ``cp_rotate = "alltoall"``
-#: (:data:`meshplan.spec.axes.cp.A2A_KV`), apart from its fp32 dK/dV shifts.
-CP_KV_SHIFT = "kv shift"
-
-
-#: Group of the tp rows of Megatron-LM's QKV sub-sharding at tp > kv_heads (the fused QKV output's
-#: all-gather and reduce-scatter, :data:`meshplan.spec.axes.tp_kv.QKV_GATHER_CADENCE`).
-QKV = "qkv"
-
-
-def _slot_op(kind: str, row) -> str:
-    """The op a row's seconds are kept under: a shard unit's gradient reduction's is
-    "reduce-scatter" whatever runs it (DeepSpeed ZeRO-3 of 2021's bucket all-reduces, ZeRO++ qgZ's
-    all-to-alls), else the row's own."""
-    if kind == "shard" and (row.op == "all-reduce" or (row.op == "all-to-all" and zeropp.MARK in row.cadence)):
-        return "reduce-scatter"
-    return row.op
-
-
-def _row_group(kind: str, row) -> str:
-    """The group a row's seconds are kept under in :attr:`CommTimes.t`."""
-    if kind == "tp" and row.cadence == QKV_GATHER_CADENCE:
-        return QKV
-    if kind == "tp" and row.cadence in MLA_UP_CADENCES.values():  # each latent's replayed all-gather its own
-        return next(g for g, text in MLA_UP_CADENCES.items() if text == row.cadence)
-    if kind == "cp" and P2P_PACKED in row.cadence:
-        return CP_PACKED
-    if kind == "cp" and A2A_KV in row.cadence:
-        return CP_KV_SHIFT
-    if kind == "tp" and row.op == "broadcast":  # Megatron-LM's get_batch: each broadcast its own group
-        return next(g for g, text in {**GET_BATCH_CADENCES, **CORE_CADENCES}.items() if text == row.cadence)
-    if kind in ("shard", "replica"):
-        return shard_group(row.cadence)
-    if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:
-        return FLOAT8_AMAX
-    if kind == "tp" and row.cadence in _SCALE_GROUPS:
-        return _SCALE_GROUPS[row.cadence]
-    if kind == "ep" and row.cadence == DROPLESS_COUNTS:  # kept apart from the dispatch, placed before it
-        return "counts"
-    if kind == "ep" and row.cadence == ETP_GATHER:  # Megatron-LM's etp gather and scatter, beside the all-to-alls
-        return "etp"
-    return FLOAT8_TP if kind == "tp" and row.dtype == "fp8" else ""
-
-
-def shard_group(cadence: str) -> str:
-    """The FSDP unit group a collective row belongs to, from its ``cadence`` text: a root unit's
-    label (:data:`ROOT_GROUPS`, else ``"root"``), ``"expert"`` for an MoE experts' unit, else
-    ``"layer"``."""
-    if "root" in cadence:
-        return next((g for label, g in ROOT_GROUPS.items() if label in cadence), "root")
-    return "expert" if ("expert" in cadence or "MoE" in cadence) else "layer"
 
 
 @dataclass
 class CommTimes:
     """Seconds per call of one stage's collectives keyed (kind, group, phase, op); group is
     "layer", "expert", "root" (one root unit), "root_embed" or "root_head" (the embedding's
-    and [norm, output]'s units apart, :data:`ROOT_GROUPS`) for shard/replica rows. ``loss_s``: seconds of the loss
+    and [norm, output]'s units apart, :data:`~meshplan.schedule.row_groups.ROOT_GROUPS`) for shard/replica rows. ``loss_s``: seconds of the loss
     collectives per micro-batch; ``async_s``: per-layer overlapped tp collectives (norm
     weight gradients), ``async_calls`` the calls of the table they stand for per layer (one
     event, :func:`meshplan.schedule.backward_pass._layer_grads`); ``step_reduce_s``/``step_gather_s``: per-step ZeRO-1/2 or DDP
@@ -224,7 +147,7 @@ class CommTimes:
                 continue
             _keep_nic(c.nic, kind, r)
             if sm_share is not None and (f := sm_share(r)) > 0:
-                key = (kind, _row_group(kind, r), r.phase, _slot_op(kind, r))
+                key = (kind, row_group(kind, r), r.phase, slot_op(kind, r))
                 c.share[key] = f
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
             c.bucket_wait = c.bucket_wait or DEEPSPEED_BUCKET_CADENCE in r.cadence
@@ -366,7 +289,7 @@ def _shard_row(c: CommTimes, zp: dict, r, layers: int) -> None:
 def _keep_row(c: CommTimes, kind: str, r) -> None:
     """Row ``r``'s seconds per call under (kind, group, phase, op), and for an FSDP row its
     copy-out per (group, op), the largest of the rows'."""
-    group = _row_group(kind, r)
+    group = row_group(kind, r)
     c.t[(kind, group, r.phase, r.op)] = r.time_s
     if kind == "shard" and r.copy_s:
         c.copies[(group, r.op)] = max(r.copy_s, c.copies.get((group, r.op), 0.0))
@@ -421,7 +344,7 @@ def _keep_nic(nic: dict, kind: str, r) -> None:
     :meth:`CommTimes.from_rows` times it under; 0 kept too, so the key reads as having a row, unless
     another row of the key holds a share), its kind and, for a per-step reduction row, ("dp", its
     stream) (:meth:`CommTimes.nic_share`)."""
-    key = (kind, _row_group(kind, r), r.phase, _slot_op(kind, r))
+    key = (kind, row_group(kind, r), r.phase, slot_op(kind, r))
     if (f := nic_share(r)) <= 0:
         nic.setdefault(key, 0.0)
         return

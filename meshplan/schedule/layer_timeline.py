@@ -15,7 +15,7 @@ from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.compute.recompute import full_ac_replays_whole, shared_replay_seconds
 from meshplan.schedule.ring_timeline import cp_attention_backward, cp_attention_forward, cp_parts
-from meshplan.schedule.comm_times import FLOAT8_TP
+from meshplan.schedule.row_groups import FLOAT8_TP
 from meshplan.schedule.layer_waits import amax_wait, mla_up_gathers, qkv_gather
 from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block
@@ -250,7 +250,7 @@ def _mlp_tp(w: Workload, moe: bool, phase: str, scatter: bool = True) -> tuple[b
     """``tp_ops`` of a layer's MLP block (:func:`_block`): (opening collective issued, closing
     ones, routed outputs' all-gathers), a dense block's (True, 1, 0) and an MoE block's from
     ``Workload.moe_tp_ops``, the collective table's rule
-    (:func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`). A replay (``phase`` not "forward") issues as
+    (:func:`meshplan.spec.axes.moe_tp.moe_mlp_tp_ops`). A replay (``phase`` not "forward") issues as
     the table counts it (:func:`meshplan.comm.tp_rows._tp_layer_ops`): ``scatter``
     (:func:`replay_scatters`) False drops the last closing collective (full or per-layer AC:
     all but the layer's last collective; op-level AC, ``recompute = "op"``: none).

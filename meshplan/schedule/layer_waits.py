@@ -10,15 +10,15 @@ compute wait for them; a missing row issues nothing. Seconds come from the colle
 from __future__ import annotations
 
 from meshplan.comm.tp_rows import MLA_UP_CADENCES
-from meshplan.compute import float8
+from meshplan.compute import float8, float8_tp_reduces
 from meshplan.compute.ops import Cost
-from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES, QKV
+from meshplan.schedule.row_groups import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES, QKV
 from meshplan.schedule.unit_sim import StreamSim
 
 
 def amax_calls_of(c: Cost, side: str, phase: str, mark: str) -> int:
-    """:func:`meshplan.compute.float8.tp_amax_calls` of layer ``c``'s ops."""
-    return float8.tp_amax_calls(c.ops, side, phase, mark)
+    """:func:`meshplan.compute.float8_tp_reduces.tp_amax_calls` of layer ``c``'s ops."""
+    return float8_tp_reduces.tp_amax_calls(c.ops, side, phase, mark)
 
 
 #: The groups of the float8 amax all-reduces and the mark of the casts that issue them: torchao
@@ -30,7 +30,7 @@ AMAX_GROUPS = ((FLOAT8_AMAX, float8.OVER_TP), (FLOAT8_TOKEN_SCALES, float8.TOKEN
 def amax_wait(s: StreamSim, c: Cost, side: str, phase: str) -> None:
     """The blocking tp all-reduces of the float8 amaxes of layer ``c``'s ``side`` ("attn" or
     "mlp") in ``phase`` ("forward", also for a replay; "backward"), one after the other before the
-    block (:func:`meshplan.compute.float8.tp_amax_calls`; the cast waits for its scale), by group."""
+    block (:func:`meshplan.compute.float8_tp_reduces.tp_amax_calls`; the cast waits for its scale), by group."""
     for group, mark in AMAX_GROUPS:
         t = s.c.get("tp", phase, "all-reduce", group)
         n = s.of(amax_calls_of, c, side, "forward" if phase == "forward" else "backward_input", mark) if t > 0 else 0

@@ -32,7 +32,7 @@ frameworks issue them:
   forward ops it did not save, with each block's all-gather but not its reduce-scatter (whose
   output it saved; the row-parallel GEMM replayed, if at all, as a plain GEMM).
   An MoE layer's MLP block issues the tp collectives the table counts (``Workload.moe_tp_ops``,
-  :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`): none where the routed experts issue nothing over
+  :func:`meshplan.spec.axes.moe_tp.moe_mlp_tp_ops`): none where the routed experts issue nothing over
   tp (etp 1, and Megatron-LM at any etp: its tokens move over ep and etp) and there is no shared
   expert; torch MoE at ep 1, etp = tp with SP and shared experts: the MLP block closes with two RS (the
   routed and the shared outputs reduced apart), the add waiting for

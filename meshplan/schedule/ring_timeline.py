@@ -21,7 +21,7 @@ from typing import Optional
 from meshplan.compute.ops import Cost
 from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE
 from meshplan.compute.te_ring import CORRECTION, GRAD_CORRECTION
-from meshplan.schedule.comm_times import CP_KV_SHIFT, CP_PACKED
+from meshplan.schedule.row_groups import CP_KV_SHIFT, CP_PACKED
 from meshplan.schedule.unit_sim import StreamSim
 
 #: The ops of the cp rings that run as their ``cp`` steps (:mod:`meshplan.compute.ring_attention`):
@@ -98,7 +98,7 @@ def p2p_sends(cp: int, phase: str) -> list[Optional[tuple[str, str]]]:
     """(table group, event name) of the send/recv at each of the ``cp`` steps of Transformer
     Engine's p2p ring (:func:`meshplan.spec.axes.cp.p2p_rows`), None where a step sends nothing:
     ``phase`` "forward" (also a replay) K and V at all but the last; "backward" K and V, ``cp - 2``
-    K and V with dK and dV (:data:`~meshplan.schedule.comm_times.CP_PACKED`), then dK and dV.
+    K and V with dK and dV (:data:`~meshplan.schedule.row_groups.CP_PACKED`), then dK and dV.
 
     >>> [x and x[1] for x in p2p_sends(3, "forward")]
     ['cp K/V send/recv', 'cp K/V send/recv', None]

@@ -106,7 +106,7 @@ def uniform_bubble(spec) -> Optional[tuple[float, float]]:
 def measured_idle(st) -> float:
     """The idle/ideal the bubble line prints for the stage it explains: the busiest stage's
     (the schedule's measure) where the step ends there, else the critical stage's idle over
-    its other time, from the rounded parts as :meth:`StepTime._other_stage_clause` prints it."""
+    its other time, from the rounded parts as :func:`meshplan.schedule.step_lines._other_stage_clause` prints it."""
     res = st.pipeline
     if res.busiest_stage == st.critical_stage:
         return res.bubble

@@ -2,7 +2,8 @@
 :func:`meshplan.schedule.steptime.step_time`): step time, critical stage and path, its parts
 (compute + bubble + exposed communication, :meth:`StepTime.parts_s`) printed so they add up
 (:meth:`StepTime.shown_ms`), the FSDP waits apart from the schedule's bubble, tokens/s, MFU and
-HFU, the printable lines and the Chrome/Perfetto trace.
+HFU, the printable lines (built in :mod:`meshplan.schedule.step_lines`) and the Chrome/Perfetto
+trace.
 """
 
 from __future__ import annotations
@@ -18,14 +19,11 @@ from meshplan.compute.flops import megatron_throughput, torchtitan_mfu
 from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event
 from meshplan.pipeline.trace import write_trace
-from meshplan.schedule.contention_line import contention_line
-from meshplan.schedule.fsdp_waits import WAITS_BUSY, fsdp_wait_line, pipeline_without_fsdp_waits
+from meshplan.schedule.fsdp_waits import pipeline_without_fsdp_waits
 from meshplan.schedule.host_pace_line import host_not_binding
-from meshplan.schedule.offload_step import offload_line
 from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, stage_bubble
-from meshplan.schedule.stage_balance import closed_form, imbalance_clause, uniform_line
+from meshplan.schedule.step_lines import summary_lines
 from meshplan.schedule.unit_times import UnitTimes
-from meshplan.spec.mesh_words import schedule_words
 from meshplan.spec.wording import fold_streams
 from meshplan.units import counted, rounded_to_total
 
@@ -280,83 +278,9 @@ class StepTime:
             self._trace_cache["no_fsdp"] = pipeline_without_fsdp_waits(self)
         return self._trace_cache["no_fsdp"]
 
-    def _other_stage_clause(self) -> str:
-        """Where the bubble ratios' stage (the busiest: the schedule's bubble is measured against
-        the most work) is not the critical one (where the step ends, which :meth:`parts_line`
-        splits), the clause that ties them, with the critical stage's idle as a fraction of the
-        step and of its busy time, from the same simulated timeline as the parts: ``; the step's
-        parts below are on stage 0, where the step ends: bubble 32991.72 ms is its idle, 0.7137 of
-        the step (2.4933 as idle/ideal)`` (DeepSeek-V3 example, whose schedule's bubble is 0.1217
-        idle/ideal on stage 7); else empty."""
-        s = self.critical_stage
-        if self.pipeline.busiest_stage == s:
-            return ""
-        shown = self.shown_ms()
-        idle, step = float(shown["bubble"]), float(shown["step"])
-        return (f"; the step's parts below are on stage {s}, where the step ends: bubble "
-                f"{shown['bubble']} ms is its idle, {idle / step:.4f} of the step ({idle / (step - idle):.4f} as "
-                f"idle/ideal)")
-
-    def _closed_form_bubble(self) -> str:
-        """The schedule's closed-form bubble for uniform stages without p2p time, beside the
-        simulated one (handed case C11: 1F1B at p 4, m 8 gives 0.375 idle/ideal, 0.2727
-        idle/total); only where it does not depend on the F, B, W unit times (schedules that
-        do not split the backward), else empty (:func:`~meshplan.schedule.stage_balance.closed_form`);
-        then, where the measured idle exceeds it by more than twice, the longest stage
-        (:func:`~meshplan.schedule.stage_balance.imbalance_clause`)."""
-        x = closed_form(self.pipeline.spec)
-        if x is None:
-            return ""
-        return f"; closed form for uniform stages: {x:.4f} idle/ideal, {x / (1 + x):.4f} idle/total" + \
-            imbalance_clause(self)
-
     def lines(self) -> list[str]:
-        """Printable summary with the definitions named."""
-        p, shown = self.pipeline, self.shown_ms()
-        exp = ", ".join(f"{self.named(k)} {shown['exposed ' + k]} ms" for k, v in sorted(self.exposed_s.items())
-                        if v > 0) or "none"
-        most = self.most_exposed_stage()
-        other = [] if most is None else [
-            f"most exposed communication: stage {most[0]} (not the critical stage; its units): "
-            + ", ".join(f"{self.named(k)} {v * 1e3:.2f} ms" for k, v in sorted(most[1].items()) if v > 0)]
-        runs = f" x {self.runs} runs" if self.runs > 1 else ""
-        sched = schedule_words(p.spec.schedule, p.spec.p) + (f", p {p.spec.p}" if p.spec.p > 1 else "")
-        # pp 1 has no pipeline: no bubble line (its idle/ideal would print 0.0000 for a schedule that is not run)
-        bubble = [] if p.spec.p == 1 else [
-            f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
-            f"(the schedule's bubble fraction, on the busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
-            f"{WAITS_BUSY if self.without_fsdp_waits() is not None else ''}{self._other_stage_clause()})"
-            f"{self._closed_form_bubble()}"]
-        return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
-                f"critical stage {self.critical_stage}" + (f"; mesh {self.mesh_text}" if self.mesh_text else "")] + \
-            bubble + fsdp_wait_line(self) + uniform_line(p.spec) + [
-                f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + self.host_line() + offload_line(self) + other + [
-                self.recompute_line(),
-                f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
-                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "
-                f"of the "
-                f"{self.peak_flops / 1e12:,.0f} TFLOP/s {self.peak_dtype} dense peak per GPU".rstrip()
-                + self._compute_peak_text()] + \
-            self.torchtitan_line() + self.megatron_line() + [f"note: {n}" for n in self.notes] + contention_line(self)
-
-    def _compute_peak_text(self) -> str:
-        """Where MFU's peak is the float8 Linears' (``TrainingSpec.peak_dtype`` fp8) and the compute dtype's
-        differs: what that peak counts (every model FLOP, those of the GEMMs left in the compute dtype too:
-        attention's, and the routed experts' grouped GEMMs, which torchtitan's float8 Linear converter does not
-        convert) and MFU against the compute dtype's peak (newcomer trial 50 #9); "" otherwise."""
-        if not self.compute_peak_flops or self.compute_peak_flops == self.peak_flops:
-            return ""
-        mfu = self.model_flops / (self.step_s * self.world * self.compute_peak_flops)
-        return (f" (the float8 Linears' peak, which every model FLOP is divided by, those left in the compute dtype "
-                f"too: attention's, and routed experts' grouped GEMMs where the float8 converter leaves them; MFU "
-                f"{mfu:.1%} of the {self.compute_peak_flops / 1e12:,.0f} TFLOP/s {self.compute_dtype} dense peak)")
-
-    def _gap_text(self) -> str:
-        """``; above MFU by: flash backward recomputes QK^T 1.1 pp``: each cause of
-        :attr:`flop_gap` in percentage points of HFU (so HFU above MFU with recompute none says why)."""
-        den = self.step_s * self.world * self.peak_flops
-        parts = [f"{c} {f / den * 100:.1f} pp" for c, f in self.flop_gap if f / den >= 5e-4]
-        return "; above MFU by: " + ", ".join(parts) if parts else ""
+        """Printable summary with the definitions named (:func:`~meshplan.schedule.step_lines.summary_lines`)."""
+        return summary_lines(self)
 
     def recompute_s(self, stage: Optional[int] = None) -> float:
         """Seconds of recomputed forward ops per micro-batch on ``stage`` (default: the

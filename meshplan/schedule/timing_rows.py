@@ -9,9 +9,9 @@ from meshplan.schedule.comm_streams import DATA_STEP_AXES, comm_kind, step_strea
 
 def timing_rows(plan, t, stage: int = 0) -> list:
     """The rows of ``stage``'s collective table that the readiness row ``t`` (a
-    :class:`~meshplan.schedule.linkload.Timing`: the first occurrence of a (stream, phase, op)) stands
+    :class:`~meshplan.schedule.readiness.Timing`: the first occurrence of a (stream, phase, op)) stands
     for: on phase ``step`` those the stream shows (:func:`~meshplan.schedule.comm_streams.step_stream`,
-    as :func:`~meshplan.schedule.linkload.step_rows`); else those of its op and phase whose stream is
+    as :func:`~meshplan.schedule.readiness.step_rows`); else those of its op and phase whose stream is
     ``t.stream``: the data axes' on ``fsdp`` (FSDP's units), another axis's on its own name or its
     kind's (:func:`~meshplan.schedule.comm_streams.comm_kind`: ``loss``, ``tp_async``, ``pp_gather``),
     a per-step row of phase ``backward`` too (FSDP2's SP norm all-reduces at pp > 1, issued in the last

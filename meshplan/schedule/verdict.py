@@ -31,7 +31,7 @@ from typing import Callable, Optional
 from meshplan.plan import Plan
 from meshplan.mesh.tpsplit import KV_REPLICA
 from meshplan.schedule.comm_streams import comm_kind, step_stream
-from meshplan.schedule.comm_times import shard_group
+from meshplan.schedule.row_groups import shard_group
 from meshplan.schedule.fsdp_knobs import fsdp_knobs, one_batch_knobs
 from meshplan.schedule.hint_facts import Hint, HintLine, Knob, knob_of
 from meshplan.schedule.replan import Rebuilt, Replanned, Stepped, rebuilt_step  # noqa: F401 (their home before nc55fixB)

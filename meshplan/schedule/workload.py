@@ -19,7 +19,8 @@ from meshplan.compute.deepspeed_pipe import engine_cost
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.megatron_core import embedding_reduce_scatter
 from meshplan.compute.megatron_cost import megatron_batch_cost
-from meshplan.compute.ops import Cost, Op, Workload, float8_gemms, framework_kernels
+from meshplan.compute.ops import Cost, Op, Workload
+from meshplan.compute.kernel_choices import float8_gemms, framework_kernels
 from meshplan.compute.recompute import layer_workload, op_replays_ep
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import Gemm, local_split, step_gemms
@@ -27,7 +28,7 @@ from meshplan.mesh.layers import last_stage
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.schedule.unit_sim import ChunkCosts
 from meshplan.spec.axes.base import Dim
-from meshplan.spec.axes.ep import moe_mlp_tp_ops
+from meshplan.spec.axes.moe_tp import moe_mlp_tp_ops
 from meshplan.units import dtype_bytes
 
 
@@ -73,7 +74,7 @@ def plan_step_gemms(plan) -> list[Gemm]:
 
 def moe_tp_ops(plan) -> tuple[str, ...]:
     """The forward tp collectives of an MoE layer's MLP block on the rank timeline
-    (``Workload.moe_tp_ops``): :func:`~meshplan.spec.axes.ep.moe_mlp_tp_ops`, the rule the
+    (``Workload.moe_tp_ops``): :func:`~meshplan.spec.axes.moe_tp.moe_mlp_tp_ops`, the rule the
     collective table counts by; none at tp 1."""
     mesh, t, tp = plan.mesh, plan.config.training, plan.mesh.degree("tp")
     if tp <= 1:

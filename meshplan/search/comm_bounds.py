@@ -25,7 +25,7 @@ from meshplan.search.space import SHARDING, Candidates
 from meshplan.search.time_tables import TimeTables, coll_nic_s, coll_times
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.cp import kv_elements, ring_shift_bytes
-from meshplan.spec.axes.ep import moe_mlp_blocks_tp
+from meshplan.spec.axes.moe_tp import moe_mlp_blocks_tp
 from meshplan.spec.axes.tp import sdpa_kv_heads
 from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
 from meshplan.spec.mesh import MeshSpec
@@ -244,7 +244,7 @@ def _ep_times(cfg: Config, tt: TimeTables, c: Candidates, seq: np.ndarray) -> di
         out["ep_out"] = a2a + coll_times(tt, "reduce-scatter", gathered, size, one)
     else:
         out["ep"] = out["ep_out"] = zero
-    # 1/0: an MoE layer's MLP block opens and closes with the tp collectives (spec.axes.ep.moe_mlp_tp_ops)
+    # 1/0: an MoE layer's MLP block opens and closes with the tp collectives (spec.axes.moe_tp.moe_mlp_tp_ops)
     out["moe_mlp_tp"] = moe_mlp_blocks_tp(t.framework, c.etp, c.tp, bool(m.shared_experts)).astype(np.float64)
     return out
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from meshplan.config import Config
-from meshplan.config_tables import build
+from meshplan.config_errors import build
 from meshplan.errors import ConfigError
 from meshplan.interop.deepspeed import DS_SCOPE, SEARCH as DEEPSPEED_SEARCH
 from meshplan.memory.constraints import usable_bytes

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from meshplan.compute.ops import framework_kernels
+from meshplan.compute.kernel_choices import framework_kernels
 from meshplan.compute.recompute import op_replays_ep
 from meshplan.config import Config
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS

@@ -14,7 +14,8 @@ import numpy as np
 from meshplan.comm.row import CollectiveRow, axis_path, path_time
 from meshplan.compute.embed_head import embedding_cost, head_cost
 from meshplan.compute.layer import layer_costs
-from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
+from meshplan.compute.ops import Workload
+from meshplan.compute.kernel_choices import float8_gemms, framework_kernels
 from meshplan.compute.routing import RoutingOptions
 from meshplan.config import Config
 from meshplan.mesh.resolve import resolved_mesh

@@ -104,7 +104,7 @@ class LinkSpec(BaseModel):
     per channel, each holding one SM while it runs; the ``NCCL INFO Channel xx/NN`` lines);
     0: not known, and compute beside these collectives is not slowed
     (:mod:`meshplan.schedule.rank_timeline`). ``calibrated``: bandwidth and latency are the
-    user's nccl-tests fit (:func:`meshplan.comm.calibration.apply_calibration`), which
+    user's nccl-tests fit (:func:`meshplan.comm.calibration_apply.apply_calibration`), which
     :func:`meshplan.comm.nccl_algorithms.collective_time` never beats."""
 
     model_config = _STRICT
@@ -188,7 +188,7 @@ class BusbwCurve(BaseModel):
     rank counts (NVLS gains with the GPUs in the group), empty when busbw does not depend on
     them. How a time is read from it: :func:`meshplan.comm.alphabeta.measured_time` and
     :func:`~meshplan.comm.alphabeta.rank_factor`. ``calibrated``: the run a ``--calibration``
-    fit came from (set by :func:`meshplan.comm.calibration.apply_calibration`): read at every size
+    fit came from (set by :func:`meshplan.comm.calibration_apply.apply_calibration`): read at every size
     at its fit's alpha (above the largest along its last segment, below the smallest latency-bound,
     never above the smallest logged time); every other curve, a calibrated class's scaled catalog
     curves included, is read as a catalog curve (:func:`meshplan.comm.nccl_algorithms.collective_time`).

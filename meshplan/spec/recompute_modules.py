@@ -166,7 +166,7 @@ def layer_parts(modules: tuple[str, ...], moe_layer: bool, mla: bool) -> frozens
 def replayed_tp_ops(parts: frozenset, mlp_ops: list[str], shared_ops: list[str]) -> list[str]:
     """The tp collectives one layer's selective replays (``parts``, :func:`layer_parts`) issue
     again in backward, in issue order (module docstring): the MLP block's forward ones
-    (``mlp_ops``: a dense MLP's, or an MoE layer's, :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`)
+    (``mlp_ops``: a dense MLP's, or an MoE layer's, :func:`meshplan.spec.axes.moe_tp.moe_mlp_tp_ops`)
     under ``mlp`` or ``moe``, then the shared experts' (``shared_ops``: empty without shared
     experts) under ``shared_experts``, inside ``moe``'s replay and again in their own. The ep
     calls of ``moe``'s replay: :func:`moe_replayed`.

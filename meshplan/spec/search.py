@@ -195,7 +195,7 @@ class SearchOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    #: Keys no longer read, with what to write instead (:func:`meshplan.config_tables.build` prints it).
+    #: Keys no longer read, with what to write instead (:func:`meshplan.config_errors.build` prints it).
     REMOVED: ClassVar[dict[str, str]] = {
         "settle_s": "removed: a wall-clock budget made the counts differ from run to run; write settle_max = N "
                     "(candidates near the memory limit planned after the ranking, default 32) instead"}

@@ -21,7 +21,7 @@ class TrainingCp(TrainingRecompute):
         default ``p2p``: arguments.py and ``TEDotProductAttention`` at NVIDIA/Megatron-LM d98e8a6,
         which passes ``cp_comm_type = "p2p"`` for None). The one rule the CP rows
         (:func:`meshplan.spec.axes.cp.cp_rows`), the ring's kernels
-        (:func:`meshplan.compute.ops.framework_kernels`) and the search's bound read.
+        (:func:`meshplan.compute.kernel_choices.framework_kernels`) and the search's bound read.
 
         >>> from meshplan.spec.training import TrainingSpec
         >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).cp_kind for kw in (

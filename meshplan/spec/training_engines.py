@@ -31,7 +31,7 @@ class TrainingEngines(TrainingCp):
         of "which torchtitan" (``meshplan import torchtitan`` writes it). There, with ep > 1, etp = tp runs
         (``ExpertTensorParallel``: e347b1e ``distributed/parallel_dims.py``:58-59 allows ETP = TP or 1), which
         c4b409a (2026-04-30, after 9810191 ended TOML job files) removed; unset or "b5bcd76" plans b5bcd76
-        (:data:`~meshplan.spec.axes.ep.TORCH_ETP`)."""
+        (:data:`~meshplan.spec.axes.moe_tp.TORCH_ETP`)."""
         return self.op_sac_policy == "238fa99"
 
     @property

@@ -84,7 +84,7 @@ class TrainingFields(BaseModel):
     #: Other tools' names for a value of a field (newcomer trial 16 #3: ``sharding = "fsdp"``),
     #: keyed by the name in lower case without ``_``, ``-``, ``.`` and spaces: (meshplan's value,
     #: what it is, what to set). The config reader's error names them in its one line
-    #: (:func:`meshplan.config_tables.spelled`). torch FSDP1's ``ShardingStrategy`` names (FULL_SHARD,
+    #: (:func:`meshplan.config_errors.spelled`). torch FSDP1's ``ShardingStrategy`` names (FULL_SHARD,
     #: SHARD_GRAD_OP: parameters kept gathered from forward to backward, HYBRID_SHARD, NO_SHARD);
     #: FSDP2's ``fully_shard``; Megatron-LM's ``--use-distributed-optimizer`` (meshplan's zero1).
     SPELLINGS: ClassVar[dict[str, dict[str, tuple[str, str, str]]]] = {"sharding": {

@@ -12,7 +12,7 @@ from typing import Optional
 from meshplan.mesh.resolve import Mesh
 from meshplan.pipeline.registry import SCHEDULES, get
 from meshplan.pipeline.vshape import RESHARD_DEFECT, RESHARD_FIX, VShaped, reshard_defect
-from meshplan.spec.axes.ep import experts_over_tp
+from meshplan.spec.axes.moe_tp import experts_over_tp
 from meshplan.spec.training import TrainingSpec
 
 #: The pipeline schedules the pipelined runtime runs (those registered with ``runs_in_validate``).

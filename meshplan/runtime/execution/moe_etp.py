@@ -1,5 +1,5 @@
 """Forward of a runtime MoE layer whose routed experts are sharded over tp (ep 1, etp = tp), as
-torchtitan at b5bcd76 runs an MoE layer at ep 1 (:data:`meshplan.spec.axes.ep.TORCH_ETP`); the
+torchtitan at b5bcd76 runs an MoE layer at ep 1 (:data:`meshplan.spec.axes.moe_tp.TORCH_ETP`); the
 layer is split by :func:`meshplan.runtime.execution.moe_parallel.apply_experts_over_tp`. A module of
 its own so that :mod:`~meshplan.runtime.execution.moe` (which calls it) and ``moe_parallel`` (which
 imports ``moe``) form no import cycle.

@@ -83,7 +83,7 @@ def apply_moe_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
 
 def apply_experts_over_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
     """TP of one MoE layer at ep 1 as torchtitan b5bcd76 builds it (etp = tp,
-    :data:`meshplan.spec.axes.ep.TORCH_ETP`), in place: routed experts' w_gate/w_up (E, f, h)
+    :data:`meshplan.spec.axes.moe_tp.TORCH_ETP`), in place: routed experts' w_gate/w_up (E, f, h)
     ``Shard(1)`` and w_down (E, h, f) ``Shard(2)`` on ``tp_mesh`` (``expert_param_placement_dense``,
     torchtitan/models/common/moe_sharding.py:50-68), shared experts' w_gate/w_up ``Shard(0)`` and
     w_down ``Shard(1)`` (colwise, rowwise), the router ``Replicate`` with a ``Partial`` gradient

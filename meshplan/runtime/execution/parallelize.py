@@ -46,7 +46,7 @@ from meshplan.mesh.resolve import DERIVED, Mesh
 from meshplan.runtime.execution.buildable import unsupported_mesh
 from meshplan.runtime.execution.moe_parallel import per_param_mesh
 from meshplan.runtime.execution.tensor_parallel import apply_tp
-from meshplan.spec.axes.ep import experts_over_tp
+from meshplan.spec.axes.moe_tp import experts_over_tp
 from meshplan.spec.axes.registry import Axis
 from meshplan.spec.training import TrainingSpec
 

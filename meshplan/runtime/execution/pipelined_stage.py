@@ -39,7 +39,7 @@ from torch import nn
 from meshplan.mesh.tpsplit import experts_apart
 from meshplan.compute.routing import RoutingOptions
 from meshplan.runtime.execution.model import Transformer, draw_initial, rope_cos_sin, rope_head_dim
-from meshplan.spec.axes.ep import experts_over_tp
+from meshplan.spec.axes.moe_tp import experts_over_tp
 
 
 class StageModule(nn.Module):
