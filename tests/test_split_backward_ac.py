@@ -60,15 +60,23 @@ def _zb_h1_405b():
 
 def test_plan_and_step_print_it(tmp_path, capsys):
     """The trial's file switched to zb_h1 (its recompute full): the warning is a note of plan and
-    step, and the one line of config_warnings."""
+    step, and the one line of config_warnings. As written the plan is infeasible since ZB-H1's lagging
+    W passes are counted (meshplan.memory.wlag): stage 14 (8 layers, lag min(m 16, s + 1) = 15) holds
+    15 x 8 layers x 859,832,320 B of output gradients (405B at tp 8 with SP, s 8192: 2 B x (2 x 1024 x
+    16384 + 8192 x (16 x 128 + 2 x 128) + 2 x 8192 x 16384 + 2 x 8192 x 6656)) = 96.1 GiB, plus 16
+    micro-batches x 8 layers x 2 s h / t = 33,554,432 B of checkpointed inputs = 4.0 GiB, over its 71.2
+    GiB usable: plan exits 1 with the note; step prints no notes for a plan that does not fit, so it
+    runs plan's own fix, cp 2 (dp_shard 64), where each of those tensors holds half the tokens."""
     cfg = _zb_h1_405b()
     line, = config_warnings(cfg)
     assert line == split_backward_ac_warning(cfg.training, "zb_h1", 16)[0]
     text = LLAMA405B.read_text().replace("sequence_parallel = true", 'sequence_parallel = true\npp_schedule = "zb_h1"')
-    path = tmp_path / "zb.toml"
-    path.write_text(text)
-    for cmd in ("plan", "step"):
-        assert run_main(cmd, path) == 0
+    fit = text.replace('names = ["pp", "dp_shard", "tp"]', 'names = ["pp", "dp_shard", "cp", "tp"]') \
+        .replace("shape = [16, 128, 8]", "shape = [16, 64, 2, 8]")
+    for cmd, body, code in (("plan", text, 1), ("step", fit, 0)):
+        path = tmp_path / f"zb_{cmd}.toml"
+        path.write_text(body)
+        assert run_main(cmd, path) == code, cmd
         assert line in " ".join(capsys.readouterr().out.split()), cmd
 
 

@@ -406,3 +406,31 @@ def test_interleaved_1f1b_with_embedding_only_and_head_only_chunks(world4_runs):
     # (pipelined_recorder.label_unshard), so every all-gather and reduce-scatter matches as the plan counts it
     assert r["comparison"]["differences"] == []
     assert not [row for row in r["comparison"]["collectives"] if row["phase"] == "schedule"]
+
+
+@pytest.mark.slow
+def test_validate_prints_the_executed_op_order(world4_runs):
+    """nc56 #7: every rank records its stage computations of the recorded step
+    (pipelined_recorder.instrument) and validate compares them with the plan's order
+    (meshplan.runtime.validation.op_order), printing each rank group's first ops. pp2_dp_shard2
+    (Schedule1F1B, pp 2 x dp_shard 2, 4 micro-batches): ranks 0, 1 run stage 0's warm-up of p - s - 1 = 1
+    forward then F/B in turn, ranks 2, 3 alternate from the start (by hand). tp_zbv (ScheduleZBVZeroBubble,
+    pp 2 x tp 2, stages 0 and 3 on ranks 0, 1): what ran equals torch's own IR of the class
+    (tests/test_schedule_registry.py torch_order), its first stage's full backwards counted as I then W."""
+    from meshplan.runtime.validation.op_order import executed_ops
+    from test_schedule_registry import torch_order
+    from meshplan.pipeline.registry import get
+
+    run = world4_runs["pp2_dp_shard2"]
+    order = run.results[0]["comparison"]["op_order"]
+    assert order["differences"] == [] and order["line"] == "pipeline op order as planned on all 4 ranks"
+    assert [order["ranks"][r]["ran"] for r in ("0", "3")] == ["F0 F1 B0 F2 B1 F3 B2 B3".split(),
+                                                              "F0 B0 F1 B1 F2 B2 F3 B3".split()]
+    assert "pipeline op order as planned on all 4 ranks" in run.stdout
+    assert "ranks 0,1 (stage 0): F0 F1 B0 F2 B1 F3 B2 B3" in run.stdout
+    run = world4_runs["tp_zbv"]
+    order = run.results[0]["comparison"]["op_order"]
+    assert order["differences"] == [], order
+    for r in (0, 2):
+        torch_ops = [[k, mb, st] for k, mb, st in torch_order(get("zbv"), 2, 4, 2, r // 2)]
+        assert order["ranks"][str(r)]["ran"] == executed_ops(torch_ops, "zbv", 2)[:12]

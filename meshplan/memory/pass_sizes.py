@@ -114,6 +114,12 @@ class StageSizes:
     # Megatron Core's data-loader attention mask on this stage: (GPU copy, kept after the cp slice), bytes
     # (meshplan.memory.sizes.batch_mask_bytes): held through the forward of the chunk that runs get_batch
     batch_mask: tuple[int, int] = (0, 0)
+    # ZB-H1: output gradients held by the stage's lagging weight-gradient passes during each backward
+    # pass (meshplan.memory.wlag.lag_hold_bytes; 0 where W is folded into B)
+    w_lag: int = 0
+    # ZB-H1 on the head's stage: (the logits gradient W keeps) - (the loss terms torch's input-gradient pass
+    # frees), from the end of each head forward to the start of its W (meshplan.memory.wlag.head_lag_bytes)
+    head_lag: int = 0
 
     @cached_property
     def step_events(self) -> dict:

@@ -45,6 +45,11 @@ Gradient accumulation (``training.grad_accumulation``, pp 1): ``no_sync`` and
 accumulator per unit from the first backward, reduced in the last); ``no_sync`` also
 reshards each unit after every backward (``reshard_after_backward``), so the next forward
 gathers it again, while ``no_sync_unsharded`` keeps it gathered.
+
+ZB-H1 (``frees_at_weight``): its backward passes stand at the W units (:mod:`meshplan.memory.schedule`);
+each holds the lagging W passes' output gradients while it runs (``StageSizes.w_lag``), and on the head's
+stage the logits gradient replaces the loss terms from each head forward to its W (``head_lag``):
+:mod:`meshplan.memory.wlag`.
 """
 
 from __future__ import annotations
@@ -148,6 +153,8 @@ class PassBuilder(UnitEvents):
         self._free_outputs()  # the model's forward returns the logits before the loss runs
         self._add(None, "temporaries", sz.logits_extra, "loss forward: exp(x - max)")
         self._add(None, "temporaries", -sz.logits_extra, "loss forward: exp(x - max) freed")
+        self._add(None, "activations", sz.head_lag, "ZB-H1: the input-gradient pass (next) frees the loss terms, keeps "
+                                                    "the logits gradient for W")
         self._add(None, "activations", sz.head_saved, "head: final norm and output inputs, logits and loss saved")
         self._add(None, "temporaries", -sz.logits_temp, "head: logits (and the loss's temporaries) freed")
 
@@ -155,6 +162,9 @@ class PassBuilder(UnitEvents):
     def _backward(self) -> None:
         sz, keys = self.sz, self.keys
         bucket = sz.bucket if sz.bucket_every_backward or self.last else 0  # FSDP: DeepSpeed ZeRO-3 2021's only
+        self._add(None, "activations", sz.w_lag, "output gradients held by the lagging weight-gradient passes (W)")
+        if self._head_here:
+            self._add(None, "activations", -sz.head_lag, "this W's logits gradient back to the loss terms it frees")
         self._add(None, "grad_buffers", bucket, sz.bucket_what)
         layers = sz.chunks[self.chunk]
         order = list(reversed(layers))
@@ -182,6 +192,7 @@ class PassBuilder(UnitEvents):
             self._perform_reduce_grad()
         self._flush()
         self._add(None, "grad_buffers", -bucket, "gradient bucket freed")
+        self._add(None, "activations", -sz.w_lag, "this W's output gradients freed (the others' counted at the next)")
 
     def _loss_backward(self) -> None:
         """The loss's backward and the logits' gradient. torch's ``F.cross_entropy``

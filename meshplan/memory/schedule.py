@@ -10,10 +10,15 @@ interleaved 1F1B its warm-up + 1 chunk passes
 vpp > 1 is walked in its ``chunked`` order (1F1B and ZB-H1: interleaved 1F1B).
 
 ZB-H1 splits the backward into input (B) and weight (W) gradients and delays W on later
-stages; its peak over all stages stays 1F1B's (the first stage's ``pp`` micro-batches).
-Its F/B order is 1F1B's and W is folded into B here: the first stage is exact; on stage
-k > 0 the inputs of the weight-gradient GEMMs of up to k delayed W passes are not counted
-(an underestimate there, bounded by stage 0's peak).
+stages (W of j after B of j + s on stage s). torch 2.13 runs its B as ``stage_backward_input``, an
+``autograd.grad`` with ``retain_graph=True`` that frees no saved activation; they go with the W
+(:mod:`meshplan.memory.wlag`). So under ZB-H1 (``frees_at_weight``) the backward op, which frees a
+micro-batch's activations, is placed at its W and its B is dropped: stage s holds ``min(m, p)``
+micro-batches (1F1B: ``min(m, p - s)``); the output gradients the lagging W passes hold are the
+timeline's ``w_lag`` bytes (:func:`meshplan.memory.wlag.lag_hold_bytes`). ZB-V and DualPipeV still
+fold W into B: their F-to-W count equals their F-to-B count on every rank (torch's orders at p 4,
+m 8: 8 and 9), but the output gradients of their cool-down's lagging W passes (up to 7 on ZB-V's
+last rank, 4 on DualPipeV's) are not counted.
 
 >>> stage_ops("1f1b", stage=2, pp=4, m=3)
 [('forward', 0, 0), ('forward', 0, 1), ('backward', 0, 0), ('forward', 0, 2), ('backward', 0, 1), ('backward', 0, 2)]
@@ -21,6 +26,8 @@ k > 0 the inputs of the weight-gradient GEMMs of up to k delayed W passes are no
 ([4, 3, 2, 1], 8)
 >>> max_in_flight(stage_ops("interleaved_1f1b", 0, 4, 8, vpp=2)), max_in_flight(stage_ops("interleaved_1f1b", 3, 4, 8, vpp=2))
 (11, 5)
+>>> [max_in_flight(stage_ops("zb_h1", k, 4, 8)) for k in range(4)]
+[4, 4, 4, 4]
 """
 
 from __future__ import annotations
@@ -38,9 +45,10 @@ def stage_ops(schedule: Schedule | str, stage: int, pp: int, m: int, vpp: int = 
     """Passes of stage ``stage`` in execution order: the registered schedule's order
     (:meth:`meshplan.pipeline.base.PipelineSchedule.order`; for vpp > 1 that of
     ``for_chunks(vpp)``), its F units as forward passes, its B units as backward passes
-    (a split schedule's W units are folded into their B, see the module docstring)."""
+    (a split schedule's W units folded into their B; under ``frees_at_weight`` its W units as the
+    backward passes, its B units dropped: see the module docstring)."""
     sched = get(get(schedule).for_chunks(vpp))
-    phase = {"F": "forward", "B": "backward"}
+    phase = {"F": "forward", "W" if sched.frees_at_weight else "B": "backward"}
     return [(phase[u.kind], u.chunk, u.mb) for u in sched.order(pp, m, vpp, stage) if u.kind in phase]
 
 
@@ -58,9 +66,11 @@ def stage_op_arrays(schedule: Schedule | str, stage: int, pp: int, m: int,
     """:func:`stage_ops` as arrays (phase: 0 forward, 1 backward; chunk; micro-batch), from
     the schedule's array order (:func:`meshplan.pipeline.fast.order_arrays`).
 
-    >>> [a.tolist() for a in stage_op_arrays("zb_h1", stage=1, pp=3, m=3)]
-    [[0, 0, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0], [0, 1, 0, 2, 1, 2]]
+    >>> [a.tolist() for a in stage_op_arrays("zb_h1", stage=1, pp=3, m=3)]  # F0 F1 B0 F2 B1 W0 B2 W1 W2
+    [[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0], [0, 1, 2, 0, 1, 2]]
     """
-    kind, mb, chunk = order_arrays(get(schedule).for_chunks(vpp), pp, m, vpp, stage)
-    keep = kind < 2  # W units fold into their B
-    return kind[keep].astype(np.int64), chunk[keep].astype(np.int64), mb[keep].astype(np.int64)
+    sched = get(get(schedule).for_chunks(vpp))
+    kind, mb, chunk = order_arrays(sched.name, pp, m, vpp, stage)
+    back = 2 if sched.frees_at_weight else 1  # the unit that frees: W (ZB-H1) or B (W folded into it)
+    keep = (kind == 0) | (kind == back)
+    return np.minimum(kind[keep], 1).astype(np.int64), chunk[keep].astype(np.int64), mb[keep].astype(np.int64)

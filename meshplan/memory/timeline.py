@@ -48,6 +48,7 @@ from meshplan.memory import peakscan as fast
 from meshplan.memory.passtable import Pass, PassTable, pass_table
 from meshplan.memory.peakscan import template_stats
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
+from meshplan.memory.wlag import head_lag_bytes, lag_hold_bytes
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.unshard_window import (TORCH_WINDOW, pipeline_window, released_after, unshards,
                                               unshards_before, unshards_first)
@@ -263,6 +264,9 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
                         c.cluster.gpu.cuda_sm)
     # one pipeline schedule run (training.pp_schedule_runs): each run starts from sharded parameters
     where = (c.mesh.pp_schedule, stage, len(plan.stages), plan.run_micro_batches, plan.vpp)
+    layers = [i for chunk in plan.stages[stage] for i in chunk]
+    sizes = replace(sizes, w_lag=lag_hold_bytes(c.model, t, plan.mesh, *where, layers),  # ZB-H1's lagging W
+                    head_lag=head_lag_bytes(where[0], where[2], where[4], sizes.logits_grad_temp, sizes.head_loss_saved))
     phase, chunk, mb = stage_op_arrays(*where)
     # torch's window of unsharded local stages: at vpp > 3 it evicts chunks (interleaved 1F1B only;
     # ZB-V and DualPipeV hold 2 stages a rank, so the F/B ops alone give the same evictions)
@@ -332,8 +336,13 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
     """Assumptions of this timeline that a reader should see beside its numbers."""
     c, out = plan.config, []
     # an MoE model's routing assumption: print_memory's one note (meshplan.compute.routing.balance_note)
-    sched = get(c.mesh.pp_schedule)
-    if sched.splits_backward and (stage > 0 or sched.virtual_stages):
+    sched = get(get(c.mesh.pp_schedule).for_chunks(plan.vpp))
+    if sched.frees_at_weight and len(plan.stages) > 1:
+        lag = int(sched.lagging_weights(len(plan.stages), plan.run_micro_batches, plan.vpp, stage))
+        out.append(f"{sched.name}: activations held till the weight-gradient pass (W), as torch's input-gradient pass "
+                   f"frees none; the output gradients of up to {counted(lag, 'lagging W pass')} "
+                   "held during each backward (dense layers; MoE and MLA layers' not counted)")
+    elif sched.splits_backward and (stage > 0 or sched.virtual_stages):
         out.append(f"{sched.name}: activations freed at the input-gradient pass (B); what a delayed weight-gradient "
                    "pass (W) still holds (layer inputs, output gradients) is not counted")
     runs = plan.schedule_runs

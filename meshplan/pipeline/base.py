@@ -39,6 +39,9 @@ class PipelineSchedule:
     - ``torch_class``: the ``torch.distributed.pipelining.schedules`` class that runs it;
       ``runs_in_validate``: whether ``meshplan validate`` builds it (tested on gloo).
     - ``splits_backward``: B (input gradient) and W (weight gradient) are separate units.
+    - ``frees_at_weight``: the memory timeline frees a micro-batch's activations at its W, not
+      its B (torch's ``stage_backward_input`` keeps the graph: :mod:`meshplan.memory.wlag`),
+      and holds the output gradients of its :meth:`lagging_weights` (ZB-H1).
     - ``virtual_stages``: runs ``v > 1`` model chunks per rank.
     - ``chunked``: the schedule whose order a stage with ``v > 1`` chunks runs when this
       one holds a single chunk (None: this order, which ignores v).
@@ -64,6 +67,7 @@ class PipelineSchedule:
     torch_class: str
     runs_in_validate: bool = True
     splits_backward: bool = False
+    frees_at_weight: bool = False
     virtual_stages: bool = False
     chunked: Schedule | None = None
     chunks: int | None = None
@@ -199,6 +203,11 @@ class PipelineSchedule:
         """Chunk forwards stage ``s`` holds at its peak (F done, B not yet): the warm-up
         plus the first steady-state forward, at most ``m v``."""
         return np.minimum(m * v, self.warmup(p, m, v, s) + 1)
+
+    def lagging_weights(self, p, m, v, s):
+        """Most micro-batches whose B is done and W not yet at any point of stage ``s``'s
+        order (counted at the W units); 0 where W is folded into B (ints or arrays)."""
+        return 0 * np.asarray(s)
 
     def bubble(self, p: int, m: int, v: int = 1, forward_s: float = 1.0, backward_s: float = 2.0,
                weight_s: float = 0.0) -> float:

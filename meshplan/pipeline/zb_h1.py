@@ -3,8 +3,9 @@
 weight gradient (W); stage s runs W of micro-batch j after B of j + s, the remaining W at
 the end. Per stage idle ``(p-1)(F+B-W)`` against 1F1B's ``(p-1)(F+B+W)``: bubble
 ``(p-1)(F+B-W) / (m(F+B+W))`` for m >= p and W <= min(F, B); ``(p-1)/(3m)`` when F = B = W.
-Every stage holds up to p micro-batches from F to W (``p-s-1`` warm-up + ``s+1`` lagged W);
-its F/B order is 1F1B's, so F to B it holds 1F1B's ``min(m, p - s)``. torch:
+Every stage holds ``min(m, p)`` micro-batches from F to W (``p-s-1`` warm-up + ``s+1`` lagged W;
+:meth:`ZBH1.in_flight`), of which ``min(m, s + 1)`` have run B (:meth:`ZBH1.lagging_weights`); torch's
+I frees no saved activation (:mod:`meshplan.memory.wlag`), so the memory timeline frees them at W. torch:
 ``ScheduleInterleavedZeroBubble`` with one stage per rank (torch calls it ZB1P); not built
 by ``meshplan validate``. torch refuses m that is not a multiple of its rounds
 ``max(1, m // p)`` (:func:`~.base.torch_rounds`; with one chunk the rounds do not change
@@ -21,6 +22,8 @@ V-shaped schedules' does (:data:`RESHARD_DEFECT`, :meth:`ZBH1.warnings`).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from meshplan.pipeline.base import PipelineSchedule, Unit, torch_rounds
 from meshplan.pipeline.vshape import RESHARD_FIX, reshard_defect
@@ -49,6 +52,7 @@ class ZBH1(PipelineSchedule):
     torch_class = "ScheduleInterleavedZeroBubble"
     runs_in_validate = False
     splits_backward = True
+    frees_at_weight = True
     chunked = Schedule.INTERLEAVED_1F1B
 
     def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
@@ -94,6 +98,26 @@ class ZBH1(PipelineSchedule):
             return ()
         return (f"{self.name} with FSDP2 over a data axis and reshard_after_forward true under framework torch: "
                 f"{RESHARD_DEFECT}; fix: {RESHARD_FIX}",)
+
+    def in_flight(self, p, m, v, s):
+        """Micro-batches stage ``s`` holds from F to W at its peak: ``min(m, p)`` on every stage
+        (``p - s - 1`` warm-up forwards, the steady state's F, and the ``s`` whose W lags; torch
+        2.13's ``ScheduleInterleavedZeroBubble`` order, tests/test_zbh1_memory.py), against 1F1B's
+        ``min(m, p - s)`` from F to B.
+
+        >>> [int(ZB_H1.in_flight(4, 8, 1, s)) for s in range(4)], int(ZB_H1.in_flight(4, 2, 1, 3))
+        ([4, 4, 4, 4], 2)
+        """
+        return np.minimum(m, p) + 0 * np.asarray(s)
+
+    def lagging_weights(self, p, m, v, s):
+        """Most micro-batches of stage ``s`` whose B is done and W not: ``min(m, s + 1)``, at each
+        W of the steady state (W of j runs after B of j + s, :meth:`order`; torch's order the same).
+
+        >>> [int(ZB_H1.lagging_weights(4, 8, 1, s)) for s in range(4)], int(ZB_H1.lagging_weights(4, 2, 1, 3))
+        ([1, 2, 3, 4], 2)
+        """
+        return np.minimum(m, np.asarray(s) + 1)
 
     def bubble(self, p, m, v=1, forward_s=1.0, backward_s=2.0, weight_s=0.0) -> float:
         f, b, w = forward_s, backward_s, weight_s

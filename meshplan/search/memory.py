@@ -23,6 +23,7 @@ from meshplan.config import Config
 from meshplan.memory.deepep_buffers import rank_buffer
 from meshplan.memory import te_fp8
 from meshplan.memory.workingset import head_sizes, layer_act_sizes
+from meshplan.memory.wlag import layer_weight_grad_bytes
 from meshplan.memory.offload import gpu_offloaded_kinds
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.layers import balanced_split, ends_short_split, stage_layers
@@ -134,7 +135,8 @@ class Tables:
         (prefix ``d_`` dense, ``m_`` MoE) ``saved``, ``rework``, ``fwd``, ``bwd``, ``single``
         (1: one backward step holding the whole unsharded gradient), ``peak0`` and ``peakg``
         (largest running total of the layer's backward steps, without and with the weight
-        gradients they write when the layer is FSDP-sharded), and every ``head_sizes`` entry."""
+        gradients they write when the layer is FSDP-sharded), every ``head_sizes`` entry, and ``d_wgrad``:
+        the output gradients a lagging W of a dense layer holds (:func:`meshplan.memory.wlag.layer_weight_grad_bytes`)."""
         m = self.model
         mesh = self.mesh(tp, cp, ep, etp)
         # FSDP2's unsharded gradients, all of them (a DeepSpeed ZeRO-3 row moves most into its ipg
@@ -144,7 +146,7 @@ class Tables:
         opts = self.cfg.memory
         dense = layer_act_sizes(m, t, mesh, opts)
         moe = layer_act_sizes(m, t, mesh, opts, moe=True) if m.is_moe else dense
-        out = dict(self.heads(tp, cp, mb, ep, etp))
+        out = dict(self.heads(tp, cp, mb, ep, etp), d_wgrad=layer_weight_grad_bytes(m, t, mesh))
         for prefix, a in (("d_", dense), ("m_", moe)):
             steps = tuple(getattr(a, "steps", ()) or ())
             peak0 = peakg = a.bwd_temp
@@ -207,6 +209,7 @@ class Stages:
     w_step: np.ndarray     # w of one schedule over all m micro-batches (the step-time bounds': valid for runs)
     vshape: np.ndarray     # a split-backward schedule, whose bounds keep the order-free terms only: the
     #                        V-shaped ZB-V, DualPipeV, and ZB-H1 (per candidate, broadcast)
+    lag: np.ndarray        # ZB-H1: most micro-batches whose W lags their B (ZBH1.lagging_weights), else 0
 
 
 def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
@@ -248,8 +251,8 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
                      get(candidate_schedule(2)).in_flight(p, mm, v, k))
         for i in V_CODES:
             w = np.where(ps == i, get(candidate_schedule(2, i)).in_flight(p, mm, 2, k), w)
-        # ZB-H1 (vpp 1): its F/B order is 1F1B's, W folded into B as the timeline counts it
-        # (meshplan.memory.schedule): 1F1B's count
+        # ZB-H1 (vpp 1): held from F to W, as the timeline counts it (meshplan.memory.schedule):
+        # min(m, p) on every stage (ZBH1.in_flight)
         return np.where(ps == ZB_H1_CODE, get(candidate_schedule(1, ZB_H1_CODE)).in_flight(p, mm, 1, k), w)
 
     w = in_flight(mr)
@@ -260,7 +263,8 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
                   last=np.broadcast_to(last, n.shape), n=n, n_moe=n - n_dense, n_chunk=n // v,
                   n_chunk_hi=-(-n // v), w=w,
                   m=np.broadcast_to(m, n.shape), m_run=np.broadcast_to(mr, n.shape), w_step=w_step,
-                  vshape=np.broadcast_to(ps > 0, n.shape))
+                  vshape=np.broadcast_to(ps > 0, n.shape),
+                  lag=np.where(ps == ZB_H1_CODE, get(Schedule.ZB_H1).lagging_weights(p, mr, 1, k), 0))
 
 
 def _dense_of_chunks(cfg: Config, c: Candidates, p: int) -> np.ndarray:

@@ -182,6 +182,7 @@ class PipelineRunner:
         self.loss_parallel = self.has_last and loss_parallel_on
         self.rec: Optional[PipelineRecorder] = None
         self.tracker = None  # the MemTracker of memory_tracker(), while the worker uses it
+        self.ops: list[tuple[str, int, int]] = []  # this step's computations in order (pipelined_recorder.instrument)
         self._index = 0
         for s in pstages:
             instrument(s, self)
@@ -232,6 +233,7 @@ class PipelineRunner:
                                for mb in range(self.micro)))
         tokens, labels = torch.cat(tokens).to(self.device), torch.cat(labels).to(self.device)
         losses: list = []
+        self.ops = []
         self.set_phase("schedule")  # before the first stage computation (FSDP unshard: label_unshard)
         t_step = time.perf_counter()
         lp = contextlib.nullcontext()
@@ -259,11 +261,12 @@ class PipelineRunner:
         t_opt = time.perf_counter() - t0
         losses = [x.to_local() if hasattr(x, "to_local") else x for x in losses]  # DTensor under loss parallel
         loss = sum(float(x.detach()) for x in losses) / len(losses) if losses else None
-        self.rec = None
+        recorded, self.rec = self.rec is not None, None
         return {"step": index, "step_s": time.perf_counter() - t_step,
                 "phases_s": {"forward": t_sched, "loss": 0.0, "backward": 0.0, "optimizer": t_opt},
                 "loss": loss, "micro_batches": self.micro, "pipeline_stages": [s.stage_index for s in self.pstages],
-                "note": "forward: the whole pipeline schedule (forward, loss, backward of every micro-batch)"}
+                "note": "forward: the whole pipeline schedule (forward, loss, backward of every micro-batch)",
+                **({"ops": [list(o) for o in self.ops]} if recorded else {})}
 
 
 def build_runner(plan: dict, model_spec, training, mesh, dm, rank: int, vocab: int, seed: int, status, device: str):

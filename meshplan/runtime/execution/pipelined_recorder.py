@@ -16,7 +16,9 @@ vpp <= 3 once per ``schedule.step``, never evicted: the chunk's first forward al
 window (``RESHARD``) and unshards them again before their next computation
 (:mod:`meshplan.pipeline.unshard_window`, which the plan counts): named by that computation,
 ``forward`` or ``backward``. Anything else before the first stage
-computation is phase ``schedule``; P2P outside those ops (torch 2.13's warm-up vote of static
+computation is phase ``schedule``; every stage computation is also appended to the runner's ``ops``
+as (kind, micro-batch, stage index) (:func:`op_kind`), the executed order ``validate`` compares with
+the plan's (:mod:`meshplan.runtime.validation.op_order`). P2P outside those ops (torch 2.13's warm-up vote of static
 mode: one int32 per stage boundary on the first step) is phase ``schedule-setup``.
 """
 
@@ -68,11 +70,13 @@ def instrument(stage, runner: "PipelineRunner") -> None:
             return ops
 
         setattr(stage, name, wrapped)
-    for name, phase in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward")):
+    for name, phase in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward"),
+                        ("backward_weight_one_chunk", "backward")):
         orig = getattr(stage, name)
 
-        def entered(*a, _orig=orig, _phase=phase, **kw):
+        def entered(*a, _orig=orig, _phase=phase, _name=name, **kw):
             runner.set_phase(_phase)
+            runner.ops.append((op_kind(_name, a, kw), int(a[0]), stage.stage_index))
             if _phase == "forward" and runner.tracker is not None:
                 # MemTracker refuses a root module's second forward ("multiple iterative calls"); a
                 # schedule runs each stage module once per micro-batch: start its entry afresh
@@ -86,6 +90,24 @@ def instrument(stage, runner: "PipelineRunner") -> None:
     for module in stage.submod.modules():
         if isinstance(module, FSDPModule):
             label_unshard(module, runner, stage)
+
+
+def op_kind(name: str, args: tuple, kwargs: dict) -> str:
+    """The executed computation a stage entry point runs, as meshplan's orders name it: ``F``
+    (``forward_one_chunk``), ``B`` (``backward_one_chunk``, full backward), ``I`` (the same with
+    ``full_backward=False``: the input gradient of a split backward), ``W`` (``backward_weight_one_chunk``).
+
+    >>> op_kind("forward_one_chunk", (0,), {}), op_kind("backward_one_chunk", (3,), {"full_backward": False})
+    ('F', 'I')
+    >>> op_kind("backward_one_chunk", (3,), {}), op_kind("backward_weight_one_chunk", (3,), {})
+    ('B', 'W')
+    """
+    if name == "forward_one_chunk":
+        return "F"
+    if name == "backward_weight_one_chunk":
+        return "W"
+    full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
+    return "B" if full else "I"
 
 
 def label_unshard(module, runner: "PipelineRunner", stage=None) -> None:

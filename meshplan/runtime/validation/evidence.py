@@ -41,6 +41,7 @@ from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
 from meshplan.runtime.validation.memcheck import memory_kind_rows, params_gate
+from meshplan.runtime.validation.op_order import op_order
 from meshplan.runtime.validation.compare import (SETUP_PHASES, axis_of, differences, rank_extra_groups, size_key,
                                                  tally_records, tally_table)
 from meshplan.runtime.validation.probe import calibrated_plan
@@ -320,6 +321,8 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
                   checkpoint_bytes_per_s: Optional[float] = None) -> dict:
     """The comparison of one world (see the module docstring)."""
     diffs, coll_rows, groups = compare_collectives(plan, folder)
+    order = op_order(plan, folder)  # pp > 1: the executed per-rank op order against the plan's
+    diffs += order["differences"] if order else []
     meas = measured_times(plan, folder)
     pred, pred_note = predicted_times(plan, table)
     rows = []
@@ -361,6 +364,8 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
     ok = not diffs and not gated
     msg = (f"collectives match the plan exactly on all {plan.world} ranks ({n} per step on rank 0); groups match"
            if not diffs else f"{len(diffs)} collective/group difference(s)")
+    if order:
+        msg += f"; {order['line']}"
     if gated:
         msg += f"; outside the tolerance: {'; '.join(gated)}"
     staged = staged_world(plan, folder, lambda r, g, op: axis_of(plan.mesh, r, g, op, rank_extra_groups(
@@ -368,7 +373,7 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
     return {"ok": ok, "message": msg, "differences": diffs + gated, "collectives": coll_rows,
             "predicted_vs_measured": rows, "prediction_note": pred_note, "calibration_note": cal_note,
             "calibration_line": calibration_line(rows),
-            "group_differences": groups, "staged": staged}
+            "group_differences": groups, "staged": staged, "op_order": order}
 
 
 def write_world_evidence(folder: Path, result: dict) -> None:

@@ -17,6 +17,7 @@ from meshplan.runtime.validation.breakdown import KERNEL_PARTS, SUSPECT_FACTOR, 
 from meshplan.runtime.validation.coverage import everywhere
 from meshplan.runtime.validation.evidence import CHECKPOINT_BYTES_TOLERANCE
 from meshplan.runtime.validation.memcheck import KIND_TOLERANCE
+from meshplan.runtime.validation.op_order import order_lines
 from meshplan.runtime.validation.options import world_timeout_s
 from meshplan.runtime.validation.host import line as host_line
 from meshplan.units import MiB
@@ -78,6 +79,8 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
         if comp:
             lines += ["Differences:" if comp["differences"] else "No differences in collectives or groups.", ""]
             lines += [f"- {d}" for d in comp["differences"]] + [""]
+            if comp.get("op_order"):
+                lines += order_lines(comp["op_order"])
             lines += ["| quantity | predicted | measured (slowest rank) | rank | error | note |", "|---|---|---|---|---|---|"]
             for row in comp["predicted_vs_measured"]:
                 err = "n/a" if row["error"] is None else f"{row['error']:+.0%}"

@@ -75,6 +75,7 @@ from meshplan.runtime.testbed.run import run_on_testbed
 from meshplan.runtime.validation import host
 from meshplan.runtime.validation.coverage import everywhere, not_exercised
 from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
+from meshplan.runtime.validation.op_order import order_lines
 from meshplan.runtime.validation.options import Options, check_hosts, world_timeout_s
 from meshplan.runtime.validation.probe import curve_spec, probe_spec
 from meshplan.runtime.validation.refusals import refusals, runtime_refusals
@@ -289,6 +290,9 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo, run_one=None) -> 
                  "start-up alone takes tens of seconds and step times are dominated by scheduling")
         results.append((run_one or run_world)(config, w, opt, out, echo))
         echo(f"  {'OK' if results[-1]['ok'] else 'FAILED'}: {results[-1]['message']}")
+        order = (results[-1].get("comparison") or {}).get("op_order")
+        for line in order_lines(order)[2:-1] if order else []:  # each rank's first ops (and where it differs)
+            echo(f"  {line[2:]}")
         for gap in results[-1]["not_exercised"]:
             echo(f"  {gap['line']}")
         if "host" in results[-1]:
