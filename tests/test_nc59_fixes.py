@@ -1,0 +1,122 @@
+"""Newcomer trial nc59 (a long-context practitioner) #1: Megatron Core's data-loader attention mask,
+``[b, 1, s, s]`` bool on the GPU through the first chunk's forward (:func:`meshplan.memory.sizes.batch_mask_bytes`),
+is the peak of a long-context Megatron-LM job, and the memory ``fix:`` line and the tight warning now
+name ``--no-create-attention-mask-in-dataloader`` (:mod:`meshplan.plan_fix_mask`). Before: Llama-3-70B
+at seq 262144 was offered only Megatron FSDP (69.0 GiB, tight); at seq 131072 the plan said "tight"
+without naming the 16 GiB mask."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.config import load_config
+from meshplan.interop.foreign import ImportOptions, load_any
+from meshplan.interop.keymaps import keymap_of
+from meshplan.plan import build_plan
+from meshplan.plan_fix import memory_fix
+from meshplan.plan_fix_mask import mask_note, mask_variant
+from meshplan.report.plan_warnings import plan_warnings
+from meshplan.units import GiB
+
+#: Llama-3-70B on 32 dgx-h100 as a Megatron-LM long-context job runs it: tp 8 + SP, cp 8 (TE's p2p
+#: ring), the distributed optimizer, full recompute, Megatron Core's get_batch with the loader's mask
+#: (no --no-create-attention-mask-in-dataloader).
+ARGS = """--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64
+--group-query-attention --num-query-groups 8 --seq-length {s} --max-position-embeddings {s}
+--position-embedding-type rope --rotary-base 500000 --normalization RMSNorm --swiglu
+--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256
+--tensor-model-parallel-size 8 --sequence-parallel --context-parallel-size {cp} --cp-comm-type p2p
+--micro-batch-size 1 --global-batch-size {gb} --bf16 --use-distributed-optimizer
+--overlap-grad-reduce --overlap-param-gather --attention-dropout 0 --hidden-dropout 0
+--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --use-flash-attn
+"""
+
+
+def _load(tmp_path, s: int, cp: int, gb: int, extra: str = ""):
+    path = tmp_path / f"l70_{s}.args"
+    path.write_text(ARGS.format(s=s, cp=cp, gb=gb) + extra, encoding="utf-8")
+    return load_any(path, "megatron", ImportOptions(cluster="dgx-h100", nodes=32))
+
+
+def _init_bytes(plan) -> int:
+    """What stage 0 holds before its first forward event: the persistent state, NCCL buffers and
+    cuBLAS workspace (the timeline's init events)."""
+    return sum(e.delta_bytes for e in plan.timeline.events() if e.phase == "init")
+
+
+def test_256k_fix_line_offers_the_mask_flag_first(tmp_path):
+    """seq 262144, tp 8 x cp 16 x dp 2: the mask is 1 x 1 x 262144 x 262144 bool = 2^36 B = 64 GiB,
+    allocated on top of the init state (get_batch runs before any layer), so the peak is init + 2^36
+    exactly (the cp slice, 2^36 / 16 = 4 GiB, replaces it after). Without it the peak is a later event:
+    the flag's own plan fits with 15% free, where Megatron FSDP (the only variant offered before) is
+    tight; the line lists the flag first (its step is the shorter: no FSDP gathers)."""
+    cfg = _load(tmp_path, 262144, 16, 32)
+    plan = build_plan(cfg)
+    peak = plan.timeline.peak
+    assert not plan.feasible and "attention mask" in peak.label
+    assert peak.by_kind["temporaries"] == 2 ** 36 == 262144 ** 2
+    assert peak.total_bytes == _init_bytes(plan) + 2 ** 36
+    bare = build_plan(replace(cfg, training=cfg.training.model_copy(update={"dataloader_attention_mask": False})))
+    usable = bare.timeline.usable_bytes
+    assert bare.feasible and usable - bare.timeline.verdict_bytes >= 0.15 * usable
+    line = memory_fix(plan, keymap_of(cfg))
+    assert line.startswith("fix: --no-create-attention-mask-in-dataloader (the data loader's 1 x 1 x 262144 x "
+                           f"262144 bool attention mask (64.0 GiB), not built) -> peak "
+                           f"{bare.timeline.verdict_bytes / GiB:.1f} GiB (fits; step ")
+    assert "--use-megatron-fsdp" in line  # still offered, after it
+
+
+def test_128k_tight_plan_notes_the_mask(tmp_path):
+    """seq 131072, cp 8: the mask 131072^2 B = 2^34 B = 16 GiB on top of the init state is the peak,
+    under 15% free; without it the peak falls by more than 1 GiB (:data:`~meshplan.plan_fix_mask.MIN_GAIN`),
+    and the plan's warnings carry the note with the flag in the file's words and the flag's own peak."""
+    cfg = _load(tmp_path, 131072, 8, 64)
+    plan = build_plan(cfg)
+    tl = plan.timeline
+    assert plan.feasible and tl.peak.total_bytes == _init_bytes(plan) + 2 ** 34
+    assert tl.usable_bytes - tl.peak.total_bytes < 0.15 * tl.usable_bytes  # tight
+    bare = build_plan(replace(cfg, training=cfg.training.model_copy(update={"dataloader_attention_mask": False})))
+    assert tl.peak.total_bytes - bare.timeline.peak.total_bytes > GiB
+    note = mask_note(plan)
+    assert note.startswith("note: the data loader's 1 x 1 x 131072 x 131072 bool attention mask (16.0 GiB) is on "
+                           "the GPU at this mesh's peak")
+    assert f"--no-create-attention-mask-in-dataloader -> peak {bare.timeline.verdict_bytes / GiB:.1f} GiB" in note
+    assert note in plan_warnings(plan)
+
+
+def test_no_mask_no_variant_and_no_note(tmp_path):
+    """With the flag given (or a framework other than Megatron Core) nothing builds the mask: no
+    variant, no note; the same 128k mesh then fits with its 16 GiB back (not tight, so no note either)."""
+    cfg = _load(tmp_path, 131072, 8, 64, "--no-create-attention-mask-in-dataloader\n")
+    plan = build_plan(cfg)
+    assert not cfg.training.core_attention_mask and mask_variant(plan) == [] and mask_note(plan) is None
+    assert not any("attention mask" in w for w in plan_warnings(plan))
+
+
+def test_meshplan_toml_names_the_field(tmp_path):
+    """A meshplan TOML names the field, not the flag."""
+    path = tmp_path / "l70.toml"
+    path.write_text("""
+[model]
+catalog = "llama3-70b"
+max_position = 262144
+[cluster]
+system = "dgx-h100"
+nodes = 32
+[training]
+global_batch = 32
+seq_len = 262144
+sharding = "zero1"
+recompute = "full"
+param_dtype = "bf16"
+framework = "megatron"
+megatron_runtime = "core"
+[mesh]
+names = ["dp", "cp", "tp"]
+shape = [2, 16, 8]
+sequence_parallel = true
+""", encoding="utf-8")
+    line = memory_fix(build_plan(load_config(path)))
+    assert line.startswith("fix: training.dataloader_attention_mask = false (the data loader's 1 x 1 x 262144 x "
+                           "262144 bool attention mask (64.0 GiB), not built) -> peak ")
+
