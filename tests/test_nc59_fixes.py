@@ -120,3 +120,57 @@ sequence_parallel = true
     assert line.startswith("fix: training.dataloader_attention_mask = false (the data loader's 1 x 1 x 262144 x "
                            "262144 bool attention mask (64.0 GiB), not built) -> peak ")
 
+
+#: Llama-3-8B at seq 131072 on 8 dgx-h100: dp_shard 8 x cp 8 (cp inside a node, NVLink), torch's ring with
+#: the all-to-all rotation, full AC (nc59's l8_a2a.toml).
+L8_CP8 = """
+[model]
+catalog = "llama3-8b"
+max_position = 131072
+[cluster]
+system = "dgx-h100"
+nodes = 8
+[training]
+global_batch = 32
+seq_len = 131072
+micro_batch = 1
+sharding = "zero3"
+recompute = "full"
+cp_rotate = "alltoall"
+{compile}
+[mesh]
+names = ["dp_shard", "cp"]
+shape = [8, 8]
+"""
+
+
+def _row_s(plan, op: str, size: int) -> float:
+    """The alpha-beta time of the plan's cp row of ``op`` and ``size`` bytes (all such rows agree)."""
+    times = {r.time_s for rows in plan.collectives.values() for r in rows
+             if r.axis == "cp" and r.op == op and r.size_bytes == size}
+    assert len(times) == 1
+    return times.pop()
+
+
+def test_compiled_ring_exposure_is_every_backward_shift_and_step_says_why(tmp_path):
+    """K/V shift: 2 (K, V) x 16384 tokens (131072 / cp 8) x 8 KV heads x 128 x 2 B = 67,108,864 B; dK/dV
+    shift in fp32: 134,217,728 B. Eager, each layer's last dK/dV shift is exposed: 32 layers x 4
+    micro-batches (32 / dp 8) x t(134 MB). Compiled, every backward shift is waited for at once:
+    (cp - 1 = 7) K/V shifts + (cp = 8) dK/dV shifts a layer, 128 x (7 t(67 MB) + 8 t(134 MB)); both within
+    1% (NVLink inside the node: nothing shares the link in the model). Only the compiled step notes it."""
+    from meshplan.config import load_config
+    from meshplan.schedule.steptime import step_time
+    steps = {}
+    for name, line in (("eager", ""), ("compiled", "torch_compile = true")):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(L8_CP8.format(compile=line), encoding="utf-8")
+        plan = build_plan(load_config(path))
+        steps[name] = (plan, step_time(plan))
+    plan = steps["eager"][0]
+    kv, dkv = _row_s(plan, "send/recv", 2 * 16384 * 8 * 128 * 2), _row_s(plan, "send/recv", 2 * 16384 * 8 * 128 * 4)
+    eager, compiled = steps["eager"][1].exposed_s["cp"], steps["compiled"][1].exposed_s["cp"]
+    assert abs(eager - 128 * dkv) < 0.01 * eager
+    assert abs(compiled - 128 * (7 * kv + 8 * dkv)) < 0.01 * compiled
+    said = [n for n in steps["compiled"][1].notes if n.startswith("torch.compile and torch's ring attention")]
+    assert len(said) == 1 and "its 7 K/V shifts and its 8 fp32 dK/dV shifts" in said[0]
+    assert not any(n.startswith("torch.compile and torch's ring") for n in steps["eager"][1].notes)
