@@ -174,3 +174,21 @@ def test_compiled_ring_exposure_is_every_backward_shift_and_step_says_why(tmp_pa
     said = [n for n in steps["compiled"][1].notes if n.startswith("torch.compile and torch's ring attention")]
     assert len(said) == 1 and "its 7 K/V shifts and its 8 fp32 dK/dV shifts" in said[0]
     assert not any(n.startswith("torch.compile and torch's ring") for n in steps["eager"][1].notes)
+
+
+def test_ulysses_cp_attention_says_it_is_not_modelled(tmp_path):
+    """nc59 #3: ``cp_attention = "ulysses"`` (or "a2a", "a2a+p2p") is an exit-2 error saying what it is and
+    that meshplan does not model it, as Megatron-LM's ``--cp-comm-type a2a`` is; a typo keeps the did-you-mean."""
+    import pytest
+    from meshplan.config import load_config
+    from meshplan.errors import ConfigError
+    for value, words in (("ulysses", "DeepSpeed-Ulysses's all-to-all over the heads"),
+                         ("A2A", "DeepSpeed-Ulysses's all-to-all over the heads"),
+                         ("a2a+p2p", "Megatron-LM's hierarchical CP"), ("ringg", "did you mean 'ring'?")):
+        path = tmp_path / "c.toml"
+        path.write_text(L8_CP8.format(compile="").replace('cp_rotate = "alltoall"', f'cp_attention = "{value}"'),
+                        encoding="utf-8")
+        with pytest.raises(ConfigError) as e:
+            load_config(path)
+        assert e.value.field == "training.cp_attention" and words in str(e.value)
+        assert ("does not model" in str(e.value)) == (value != "ringg")
