@@ -109,18 +109,24 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str, values: Opti
 def spelled(cls: type[BaseModel], key: str, got, msg: str) -> Optional[str]:
     """Another tool's name ``got`` for a value of field ``key`` of ``cls`` (its ``SPELLINGS``,
     :attr:`meshplan.spec.training_fields.TrainingFields.SPELLINGS`) as meshplan's value, what it is
-    and what to set, then the values pydantic lists (``msg``); None for other inputs.
+    and what to set, then the values pydantic lists (``msg``); one meshplan does not model (its
+    ``UNMODELLED``) as what it is; None for other inputs.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> print(spelled(TrainingSpec, "sharding", "FSDP", "Input should be 'none' or 'zero3'"))
     "FSDP" is "zero3" here (FSDP2 fully_shard: parameters, gradients and optimizer state sharded over the data axis): set sharding = "zero3" (the values: 'none' or 'zero3')
     >>> spelled(TrainingSpec, "sharding", "fdsp", "Input should be ...") is None
     True
+    >>> print(spelled(TrainingSpec, "cp_attention", "a2a+p2p", "Input should be 'ring', 'p2p' or 'allgather'")[:60])
+    "a2a+p2p" is Megatron-LM's hierarchical CP, Ulysses all-to-a
     """
-    table = getattr(cls, "SPELLINGS", {}).get(key)
-    if not table or not isinstance(got, str):
+    if not isinstance(got, str):
         return None
-    hit = table.get("".join(ch for ch in got.lower() if ch not in "_-. "))
+    squashed = "".join(ch for ch in got.lower() if ch not in "_-. +")
+    gone = getattr(cls, "UNMODELLED", {}).get(key, {}).get(squashed)  # another tool's value meshplan has no model of
+    if gone:
+        return f'"{got}" {gone} (the values: {msg.removeprefix("Input should be ")})'
+    hit = getattr(cls, "SPELLINGS", {}).get(key, {}).get(squashed)
     if hit is None:
         return None
     value, what, setting = hit

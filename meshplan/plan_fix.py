@@ -25,7 +25,9 @@ and :mod:`~meshplan.spec.axes.tp`; DeepSpeed's engines have no cp), and its peak
 most loaded stage's) is printed where it is lower than the plan's (pp x2 can raise it: 1F1B
 keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). Beside those, HSDP's data axes re-split on the same nodes (:func:`_resplit_variant`, newcomer trial
 27 #B), and for an MoE model the smallest larger ep that fits, 15% free first (:func:`meshplan.plan_fix_ep.ep_variant`:
-ep shards the routed experts, which every other variant leaves whole on each rank; newcomer trial nc58 #1). Only
+ep shards the routed experts, which every other variant leaves whole on each rank; newcomer trial nc58 #1), and under
+Megatron Core the data loader's s x s attention mask not built (:func:`meshplan.plan_fix_mask.mask_variant`, also
+beside the cap: 64 GiB at seq 262144; newcomer trial nc59 #1). Only
 those that fit are offered, each with its step as ``meshplan step`` predicts it
 (:func:`meshplan.schedule.steptime.step_time`, about 0.1 s a variant for Llama-3-70B on 64 GPUs),
 the fastest first, one under 15% of usable memory free marked ``tight``
@@ -69,6 +71,7 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
 from meshplan.plan_fix_cp import cp_variant
 from meshplan.plan_fix_ep import ep_variant
+from meshplan.plan_fix_mask import mask_variant
 from meshplan.plan_fix_nodes import fewest_nodes, nodes_words
 from meshplan.memory.headroom import headroom_words
 from meshplan.plan_variant import DATA_AXES, folded, mesh_words, planned, resplit, variant_mesh
@@ -132,7 +135,7 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
         if moved is not None:
             out.append((f"{keys.axis(axis)} x2 ({mesh_words(moved, keys)})",
                         replace(cfg, mesh=variant_mesh(plan, moved))))
-    return out[:MAX_VARIANTS] + _deepspeed_variants(plan, keys)
+    return out[:MAX_VARIANTS] + _deepspeed_variants(plan, keys) + mask_variant(plan, keys)
 
 
 def _deepspeed_variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:

@@ -34,7 +34,7 @@ LAYERS = [
     ["meshplan.schedule"],
     ["meshplan.reliability", "meshplan.checkpoint_bytes", "meshplan.restart", "meshplan.restart_degrees",
      "meshplan.restart_meshes", "meshplan.restart_rank", "meshplan.restart_text", "meshplan.plan_fix",
-     "meshplan.plan_fix_cp", "meshplan.plan_fix_ep", "meshplan.plan_fix_nodes", "meshplan.plan_fix_rules", "meshplan.plan_variant", "meshplan.plan_capacity"],
+     "meshplan.plan_fix_cp", "meshplan.plan_fix_ep", "meshplan.plan_fix_mask", "meshplan.plan_fix_nodes", "meshplan.plan_fix_rules", "meshplan.plan_variant", "meshplan.plan_capacity"],
     ["meshplan.search"],
     ["meshplan.report"],
     ["meshplan.compare"],

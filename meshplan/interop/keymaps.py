@@ -69,7 +69,9 @@ SETTINGS: dict[str, dict[str, str]] = {
     "megatron": {"recompute full": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
                  # what ``export --to megatron`` writes for zero3: Megatron FSDP's flags (megatron_write)
                  "sharding zero3": " ".join(sharding_flags("zero3")),
-                 "[mesh] sequence_parallel = true (--sequence-parallel)": "--sequence-parallel"},
+                 "[mesh] sequence_parallel = true (--sequence-parallel)": "--sequence-parallel",
+                 # the fix without Megatron Core's data-loader mask (plan_fix_mask.SETTING)
+                 "training.dataloader_attention_mask = false": "--no-create-attention-mask-in-dataloader"},
     "deepspeed": {"recompute full": "the HF Trainer's --gradient_checkpointing (import --gradient-checkpointing), or "
                                     "deepspeed.checkpointing on every block in other model code"},
 }

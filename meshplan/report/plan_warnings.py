@@ -7,7 +7,8 @@ its setting's step error was measured larger, where ``search`` and ``compare`` d
   ``training.tp_comm_overlap`` on, what the overlap saves against blocking TP
   (:func:`meshplan.schedule.tp_overlap_lines.tp_overlap_line`);
 - :func:`plan_warnings`: the headroom rule's ``warning (this mesh): tight: ...``
-  (:func:`meshplan.memory.headroom.tight_warning`, compare's line), the allocator's retry warning where the
+  (:func:`meshplan.memory.headroom.tight_warning`, compare's line) and, under Megatron Core, the peak without the data
+  loader's attention mask where it is what keeps the mesh tight (:func:`meshplan.plan_fix_mask.mask_note`), the allocator's retry warning where the
   reserved peak exceeds usable memory but the peak fits (:func:`meshplan.memory.headroom.retry_warning`),
   and the measured-error setting's
   ``note: this mesh lies where ...`` (:func:`meshplan.plan_fidelity.plan_setting_line`, the line
@@ -21,6 +22,7 @@ from typing import Optional
 from meshplan.memory.headroom import retry_warning, tight_warning
 from meshplan.plan import Infeasible, Plan
 from meshplan.plan_fidelity import plan_setting_line
+from meshplan.plan_fix_mask import mask_note
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.step_summary import StepTime
 from meshplan.schedule.tp_overlap_lines import tp_overlap_line
@@ -46,5 +48,5 @@ def plan_warnings(plan: Plan | Infeasible) -> list[str]:
         return []
     tl = plan.timeline
     lines = [tight_warning(WHO, tl.peak.total_bytes, tl.usable_bytes, plan.config.memory.fragmentation_fraction),
-             retry_warning(WHO, plan.timelines), plan_setting_line(WHO, plan, "note")]
+             mask_note(plan), retry_warning(WHO, plan.timelines), plan_setting_line(WHO, plan, "note")]
     return [line for line in lines if line]

@@ -297,7 +297,7 @@ def _step_notes(plan: Plan, comms: list[CommTimes], schedule: Optional[str], run
                   f"micro-batch (stage {host.index(max(host))}): each per-parameter gather's partition views and list "
                   f"copies issued and its zero fill waited for, each gradient bucket's calls issued "
                   f"(meshplan.comm.deepspeed)",)
-    notes += expert_dtype_note(t, cfg.model)
+    notes += expert_dtype_note(t, cfg.model) + compiled_ring_note(t, plan.mesh.degree("cp"))
     copies = [sum(r.copy_s * r.per_step for r in plan.collectives[table_key(table_stage(s, p))])
               for s in range(p)]
     if any(copies):
@@ -305,6 +305,29 @@ def _step_notes(plan: Plan, comms: list[CommTimes], schedule: Optional[str], run
                   f"{copies.index(max(copies))}): the copy-out after each all-gather and the copy-in before each "
                   f"reduce-scatter (meshplan.comm.fsdp2)",)
     return notes
+
+
+def compiled_ring_note(t, cp: int) -> tuple[str, ...]:
+    """Under ``torch_compile`` with torch's ring attention at ``cp`` > 1: why the exposed cp holds every
+    backward ring collective (:func:`meshplan.schedule.ring_timeline.compiled_ring_backward`), where
+    eager hides all but each layer's last dK/dV shift (newcomer trial nc59 #2: Llama-3-8B at seq 131072,
+    cp 8, exposed cp 49.2 ms eager, 574.5 ms compiled, and no word why).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> [len(compiled_ring_note(TrainingSpec(global_batch=8, seq_len=16, **kw), cp)) for kw, cp in (
+    ...  ({"torch_compile": True}, 8), ({"torch_compile": True}, 1), ({}, 8), ({"torch_compile": True,
+    ...  "cp_attention": "allgather"}, 8))]
+    [1, 0, 0, 0]
+    """
+    if cp <= 1 or t.framework != "torch" or not t.torch_compile or not t.cp_ring:
+        return ()
+    kv = f"its {cp - 1} K/V shifts" if t.cp_rotate == "alltoall" else "its K/V all-gather"
+    return (f"torch.compile and torch's ring attention: each layer's ring backward, traced into the compiled "
+            f"block, waits for every cp collective where it is issued ({kv} and its {cp} fp32 dK/dV shifts), so "
+            f"all of them are in exposed cp; eager, each runs beside the next SDPA call and only the layer's last "
+            f"dK/dV shift is exposed (functional collectives' immediate wait_tensor under tracing, read in "
+            f"inductor's generated backward on CPU, not measured on a GPU: "
+            f"meshplan.schedule.ring_timeline.compiled_ring_backward)",)
 
 
 def expert_dtype_note(t, model) -> tuple[str, ...]:

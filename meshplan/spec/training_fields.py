@@ -101,6 +101,17 @@ class TrainingFields(BaseModel):
                                  "master weights sharded over the data axis", 'sharding = "zero1"'),
         **{f"zero{k}": (f"zero{k}", f"meshplan's spelling of ZeRO stage {k}", f'sharding = "zero{k}"')
            for k in (1, 2, 3)}}}
+    #: Other tools' names for a value meshplan does not model, keyed as :attr:`SPELLINGS`: what it
+    #: is (newcomer trial nc59 #3: ``cp_attention = "ulysses"`` was told only the values, where Megatron-LM's
+    #: ``--cp-comm-type a2a`` says that Ulysses is not modelled, :mod:`meshplan.interop.megatron_flags`).
+    UNMODELLED: ClassVar[dict[str, dict[str, str]]] = {"cp_attention": {
+        **dict.fromkeys(("ulysses", "deepspeedulysses", "a2a", "alltoall", "all2all"), (
+            "is DeepSpeed-Ulysses's all-to-all over the heads (Megatron-LM's --cp-comm-type a2a), which meshplan "
+            "does not model: it plans torch's ring (ring), Transformer Engine's p2p ring (p2p) and the all-gather "
+            "(allgather)")),
+        "a2ap2p": ("is Megatron-LM's hierarchical CP, Ulysses all-to-all inside and a K/V ring across, which "
+                   "meshplan does not model: it plans torch's ring (ring), Transformer Engine's p2p ring (p2p) "
+                   "and the all-gather (allgather)")}}
 
     global_batch: int = Field(gt=0, le=BOUNDS["global_batch"].value)
     seq_len: int = Field(gt=0, le=BOUNDS["seq_len"].value)
