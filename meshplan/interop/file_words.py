@@ -20,7 +20,9 @@ so that the line stays true):
   with pp (its reader's mapping), ...;
 - the batch's names bare (:data:`BARE`), as the batch rule and the memory fix write them
   (``micro_batch 1 x dp 512``, ``global_batch / micro_batch 2``), to the key
-  (``training.local_batch_size 1``);
+  (``training.local_batch_size 1``); where the file counts the batch in other units (a b5bcd76
+  torchtitan registry's tokens, :meth:`~meshplan.keymap.KeyMap.amount`) a count beside the name
+  as well (``training.num_tokens_per_microbatch_per_dp_rank 16384 (2 x 8192)``);
 - a setting of a fix or a ``hint:`` line (``recompute full``, ``training.reshard_after_forward = false``,
   ``mesh.pp_schedule = "interleaved_1f1b"``) as the key and value to write (``activation_checkpoint.mode
   = "full"``, ``parallelism.fsdp_reshard_after_forward = "never"``, ``"Interleaved1F1B"``;
@@ -63,6 +65,11 @@ def _put(pattern: str, text: str, words: str) -> str:
     return re.sub(pattern, lambda _: words, text)
 
 
+def _amount(keymap: KeyMap, bare: str) -> Callable[[re.Match], str]:
+    """The rewrite of ``<bare> N`` as the file counts it (:meth:`~meshplan.keymap.KeyMap.amount`)."""
+    return lambda m: keymap.amount(bare, int(m.group(1)))
+
+
 def _shape(cfg: Config, keymap: KeyMap, m: re.Match) -> str:
     """``mesh.shape [...]`` as the format's keys of the degrees that differ from ``cfg``'s mesh
     (:meth:`~meshplan.keymap.KeyMap.mesh_change`)."""
@@ -99,6 +106,9 @@ def file_words(cfg: Config, text: str) -> str:
     text = _sub(r"mesh\.shape \[([-\d, ]+)\]", text, lambda m: _shape(cfg, keymap, m))
     for meshplan_words, words in keymap.settings.items():
         text = _put(rf"(?<![\w.\-]){re.escape(meshplan_words)}(?![\w.])", text, words)
+    for bare in BARE:  # a count in the file's units (a b5bcd76 registry's tokens): "micro_batch 2" -> its amount
+        if f"training.{bare}" in keymap.units:
+            text = _sub(rf"(?<![\w.\-])(?:training\.)?{bare} (\d+)(?![\w.])", text, _amount(keymap, bare))
     for field, key in fields.items():  # dotted first, then the bare name
         text = _put(rf"(?<![\w.\-]){re.escape(field)}(?![\w])", text, key)
     for bare in BARE:  # "micro_batch 1 x dp 512", "global_batch / micro_batch 2"
