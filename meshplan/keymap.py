@@ -15,7 +15,7 @@ so that the line stays true.
 from __future__ import annotations
 
 from dataclasses import dataclass, field as _field
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,6 +36,10 @@ class KeyMap:
     #: torchtitan b5bcd76 registry counts the batch in tokens, ``max_context_length`` a sequence
     #: (:mod:`meshplan.interop.torchtitan_batch`); absent: the same unit.
     units: Mapping[str, int] = _field(default_factory=dict)
+    #: (layers per stage, chunks a stage) -> the file's setting of that pipeline split, where the file
+    #: has no key of layer counts (torchtitan's module names per model part:
+    #: :func:`meshplan.interop.torchtitan_split.split_setting`); None: ``mesh.pp_layer_split``'s key.
+    splits: Optional[Callable[[list[int], int], Optional[str]]] = None
 
     def field(self, name: str) -> str:
         """The key of dotted field ``name`` (``training.global_batch``)."""
@@ -61,6 +65,16 @@ class KeyMap:
         key, unit = (self.field(name), self.units.get(name, 1)) if dotted else \
             (self.bare(name), self.units.get(f"training.{name}", 1))
         return f"{key} {n * unit} ({n} x {unit})" if unit != 1 else f"{key} {n}"
+
+    def split_setting(self, split: list[int], chunks: int) -> str:
+        """What the file writes for the per-stage pipeline split ``split`` with ``chunks`` chunks a
+        stage (newcomer trial nc58 #3b: torchtitan takes module names, not counts).
+
+        >>> OWN.split_setting([15, 17], 1)
+        'mesh.pp_layer_split = [15, 17]'
+        """
+        own = self.splits(split, chunks) if self.splits is not None else None
+        return own or f"{self.field('mesh.pp_layer_split')} = {split}"
 
     def setting(self, words: str) -> str:
         """What the file writes for the setting ``words`` (``recompute full``)."""

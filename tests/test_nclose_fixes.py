@@ -63,3 +63,68 @@ def test_b5bcd76_keymap_counts_the_global_batch_in_tokens(tmp_path):
     cfg = _plan_8b(_registry(tmp_path)).config
     job = replace(cfg, training=cfg.training.model_copy(update={"op_sac_policy": "238fa99"}))  # a job TOML's
     assert keymap_of(job).amount("global_batch", 128) == "training.global_batch_size 128"
+
+
+def test_torchtitan_split_setting_by_hand():
+    """torchtitan has no key of layer counts per stage (b5bcd76 config/configs.py:187-215): where its own
+    cut gives the split, the counts it takes; else module names per model part. Llama-3-8B's 32 layers
+    at pp 2 as [15, 17]: 32 + first + last slots in 2 parts of 17 need first + last = 2, part 0 holding
+    17 - first = 15: first 2, last 0. Six layers as [1, 1, 4]: a middle part below the last is no cut of
+    torchtitan's (the extra slots go to the first parts): names, the output Linear ``lm_head`` at b5bcd76.
+    DeepSeek-V3's 61 at pp 8 x 2 chunks as [7, 8, 8, 8, 8, 8, 8, 6]: each stage's layers over its two
+    chunks, the short one at the model's ends (stage 0: 3 + 4, stage 7: 3 + 3), parts in chunk x pp +
+    stage order [3, 4 x 6, 3, 4 x 7, 3]; torchtitan cuts its short parts only at the ends: 16 name lists."""
+    from meshplan.interop.torchtitan_split import parts_of, split_setting
+    assert split_setting(32, [15, 17], 1, False) == ("parallelism.pipeline_parallel_first_stage_less_layers = 2, "
+                                                     "parallelism.pipeline_parallel_last_stage_less_layers = 0")
+    assert split_setting(6, [1, 1, 4], 1, True) == (
+        'parallelism.module_fqns_per_model_part = [["tok_embeddings", "layers.0"], ["layers.1"], '
+        '["layers.2", "layers.3", "layers.4", "layers.5", "norm", "lm_head"]]')
+    assert parts_of(61, [7, 8, 8, 8, 8, 8, 8, 6], 2) == [3] + [4] * 6 + [3] + [4] * 7 + [3]
+    ds = split_setting(61, [7, 8, 8, 8, 8, 8, 8, 6], 2, False)
+    assert ds.startswith('parallelism.module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1", '
+                         '"layers.2"], ["layers.3", ') and ds.count("], [") == 15
+    assert '["layers.27", "layers.28", "layers.29"], ["layers.30"' in ds  # part 7: stage 7's first chunk of 3
+
+
+#: Newcomer trial nc58's tt_ds32.toml: DeepSeek-V3 671B, pp 16 Interleaved1F1B (2 parts a rank), ep 64.
+TT_DS32 = """[model]
+name = "deepseek_v3"
+flavor = "671B"
+[training]
+local_batch_size = 32
+global_batch_size = 16384
+seq_len = 4096
+[parallelism]
+data_parallel_shard_degree = -1
+pipeline_parallel_degree = 16
+pipeline_parallel_schedule = "Interleaved1F1B"
+expert_parallel_degree = 64
+expert_parallel_comm_backend = "deepep"
+[activation_checkpoint]
+mode = "full"
+"""
+
+
+def test_bubble_hint_gives_torchtitan_module_names(tmp_path, capsys):
+    """nc58 #3b: the bubble hint's pp 8 x dp_shard 256 mesh merges pp 16's split per stage in pairs,
+    [7, 8, 8, 8, 8, 8, 8, 6] (torchtitan's default 16 parts [3, 4 x 14, 2] summed two by two); the trial
+    saw it as ``module_fqns_per_model_part [7, 8, ...]``, counts where torchtitan takes names. Now the
+    16 parts of test_torchtitan_split_setting_by_hand as module names (the output Linear ``output`` in a
+    job TOML, torchtitan v0.2.2), the counts kept in words."""
+    from meshplan.cli import main
+    job = tmp_path / "tt_ds32.toml"
+    job.write_text(TT_DS32)
+    try:
+        main(["step", str(job), "--cluster", "dgx-h100", "--nodes", "256"])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    out = capsys.readouterr()
+    hint = next(x for x in (out.out + out.err).splitlines() if x.startswith("hint: the pipeline bubble"))
+    assert "module_fqns_per_model_part [" not in hint and "mesh.pp_layer_split" not in hint
+    assert ('pp 8 x dp_shard 256 (parallelism.pipeline_parallel_degree = 8, parallelism.data_parallel_shard_degree '
+            '= 256, parallelism.module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1", "layers.2"], '
+            '["layers.3", ') in hint
+    assert ('["layers.58", "layers.59", "layers.60", "norm", "output"]] (layers per stage [7, 8, 8, 8, 8, 8, 8, 6])'
+            in hint)
+

@@ -30,6 +30,7 @@ from dataclasses import replace
 from meshplan.config import Config
 from meshplan.interop.deepspeed_zeropp import ZEROPP_KEYS
 from meshplan.interop.megatron_write import sharding_flags
+from meshplan.interop.torchtitan_split import split_setting
 from meshplan.interop.torchtitan_tables import SCHEDULE_NAMES
 from meshplan.interop.world_words import KEYS
 from meshplan.keymap import OWN, KeyMap
@@ -95,6 +96,7 @@ def keymap_of(cfg: Config) -> KeyMap:
     """The key map of the format ``cfg`` was read from (``cfg.origin``; :data:`~meshplan.keymap.OWN`
     for a meshplan TOML): torchtitan's micro-batch key by its pp (the reader's mapping:
     ``training.local_batch_size`` at pp 1, ``parallelism.pipeline_parallel_microbatch_size`` with pp);
+    torchtitan's pipeline split as it sets one (:func:`~meshplan.interop.torchtitan_split.split_setting`);
     a b5bcd76 config registry's batch keys in tokens (``training.num_tokens_per_train_step``,
     ``training.num_tokens_per_microbatch_per_dp_rank``, ``seq_len`` tokens a sequence: :meth:`KeyMap.amount`)."""
     own = KEYMAPS.get(cfg.origin or "")
@@ -105,6 +107,8 @@ def keymap_of(cfg: Config) -> KeyMap:
     pp = dict(zip(cfg.mesh.names or [], cfg.mesh.shape or [])).get("pp", 1) if cfg.mesh is not None else 1
     micro = "parallelism.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"
     new = cfg.training.op_sac_policy == "b5bcd76"
+    cut = cfg.mesh is None or cfg.mesh.pp_schedule != "zb_h1"  # InterleavedZeroBubble: the names only
+    own = replace(own, splits=lambda split, chunks: split_setting(cfg.model.layers, split, chunks, new, cut))
     if not new:
         return replace(own, fields={**own.fields, "training.micro_batch": micro})
     # a config registry in b5bcd76's names (planned as b5bcd76: op_sac_policy) sets async TP on CompileConfig
