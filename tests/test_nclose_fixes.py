@@ -128,3 +128,36 @@ def test_bubble_hint_gives_torchtitan_module_names(tmp_path, capsys):
     assert ('["layers.58", "layers.59", "layers.60", "norm", "output"]] (layers per stage [7, 8, 8, 8, 8, 8, 8, 6])'
             in hint)
 
+
+def _mixtral_search_cfg():
+    """Newcomer trial nc58's mx_ep1.toml (Mixtral-8x7B, Megatron-LM, 32 dgx-h100, zero1, no recompute)
+    with a [search] held to pp 4 x dp 64 at tp 1, cp 1 and ep 1."""
+    from meshplan.config import config_from_dict
+    return config_from_dict({
+        "model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 32},
+        "training": {"global_batch": 1024, "seq_len": 4096, "micro_batch": 1, "sharding": "zero1",
+                     "recompute": "none", "param_dtype": "bf16", "grad_reduce_dtype": "fp32",
+                     "framework": "megatron", "moe_dropless": True},
+        "search": {"pp": [4], "tp": [1], "ep": [1], "cp": [1], "recompute": ["none"], "sharding": ["zero1"],
+                   "micro_batch": [1]}}, require_mesh=False)
+
+
+def test_moe_search_with_no_fit_offers_more_ep():
+    """nc58 #1b: at ep 1 every rank holds all 8 experts of its 8 layers (32 / pp 4): 8 x 8 x 3 x 4096 x
+    14336 parameters, bf16 parameter + fp32 gradient 6 B each = 67,645,734,912 B = 63.0 GiB before the
+    rest of the state and the activations, over the 71.2 GiB usable: no candidate fits. The no-fit fix
+    names the widened ep row first (ep k keeps 8 / k experts a layer, 63.0 / k GiB of them), then the cp row
+    as before; the ep row's peak is under usable memory and its mesh keeps pp 4 x dp 64 (ep re-factors dp)."""
+    from meshplan.report.search_fix import infeasible_line
+    from meshplan.search.driver import search
+    from meshplan.search.widen import widen
+    assert 8 * 8 * 3 * 4096 * 14336 * 6 == 67_645_734_912 and round(67_645_734_912 / GiB, 1) == 63.0
+    r = widen(search(_mixtral_search_cfg(), workers=1), workers=1)
+    assert not r.top and r.widened_ep is not None and r.widened is not None
+    w = r.widened_ep
+    assert w.axis == "ep" and w.degree in (2, 4, 8) and w.peak_bytes < 71.2 * GiB
+    assert w.label.startswith(f"pp 4 x dp 64; experts efsdp {64 // w.degree} x ep {w.degree}")
+    fix = infeasible_line(r).split("; fix: ", 1)[1]
+    assert fix.startswith(f"widen [search] ep (now 1): with every ep the fastest that fits is {w.label} "
+                          f"(ep {w.degree}: step ")
+    assert "; or widen [search] cp (now 1): " in fix
