@@ -161,3 +161,50 @@ def test_moe_search_with_no_fit_offers_more_ep():
     assert fix.startswith(f"widen [search] ep (now 1): with every ep the fastest that fits is {w.label} "
                           f"(ep {w.degree}: step ")
     assert "; or widen [search] cp (now 1): " in fix
+
+
+def test_import_of_a_py_carries_its_source_to_the_export(tmp_path, capsys):
+    """ttexport: ``import`` of a b5bcd76 registry's llama3_8b writes [source] with the path, the format and
+    the function read (``config``), so that ``export --to torchtitan -o FILE.py`` of the TOML keeps what the
+    .py states and meshplan does not plan, as an export of the .py itself does: the trial file's
+    hf_assets_path "./assets/hf/Llama-3.1-8B", 1000 steps, default_adamw(lr=3e-4) and the checkpoint
+    (enable, interval 500), none of them torchtitan's defaults ("./tests/assets/tokenizer", 10000, 8e-4).
+    With the .py gone, a warning says nothing of it is carried (the defaults then noted)."""
+    import tomllib
+
+    from tests.cli_run import run_cli
+    reg = _registry(tmp_path)
+    toml = tmp_path / "j8.toml"
+    assert run_cli(["import", "auto", reg, "--config", "llama3_8b", "--cluster", "dgx-h100", "--nodes", "1",
+                    "-o", toml], capsys)[0] == 0
+    assert tomllib.loads(toml.read_text())["source"] == {"path": "llama3/config_registry.py", "format": "torchtitan",
+                                                        "config": "llama3_8b"}
+    out = tmp_path / "e8.py"
+    code, stdout, stderr = run_cli(["export", toml, "--to", "torchtitan", "-o", out], capsys)
+    text = out.read_text()
+    assert code == 0 and "def llama3_8b() -> Trainer.Config:" in text
+    assert 'hf_assets_path="./assets/hf/Llama-3.1-8B"' in text and "steps=1000," in text
+    assert "default_adamw(lr=0.0003)" in text and "interval=500" in text and 3e-4 == 0.0003
+    assert (f"carried unchanged from {reg}, the [source] of {toml}: optimizer, training.steps, checkpoint.enable, "
+            f"checkpoint.interval, hf_assets_path") in stdout + stderr
+    reg.unlink()
+    code, stdout, stderr = run_cli(["export", toml, "--to", "torchtitan", "-o", tmp_path / "gone.py"], capsys)
+    assert code == 0 and f"{reg}, the [source] of {toml} (the torchtitan file it was imported from), is gone" in \
+        stdout + stderr
+    assert "steps=1000" not in (tmp_path / "gone.py").read_text()
+
+
+def test_source_config_is_a_torchtitan_function_name():
+    """[source] config names a function of a torchtitan .py: a Megatron-LM source has none (its own error
+    naming source.config), nor is ``llama3-8b`` a Python name; the key read back as Config.source_config."""
+    import pytest
+
+    from meshplan.config import config_from_dict
+    from meshplan.errors import ConfigError
+    base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 64, "seq_len": 4096}, "mesh": {"names": ["dp_shard"], "shape": [-1]}}
+    cfg = config_from_dict(base | {"source": {"path": "r.py", "format": "torchtitan", "config": "llama3_8b"}})
+    assert cfg.source_config == "llama3_8b"
+    for bad in ({"format": "megatron", "config": "llama3_8b"}, {"format": "torchtitan", "config": "llama3-8b"}):
+        with pytest.raises(ConfigError, match="source.config"):
+            config_from_dict(base | {"source": {"path": "r.py"} | bad})
