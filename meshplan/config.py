@@ -21,7 +21,8 @@ one-line :class:`~meshplan.errors.ConfigError`.
           ``meshplan reliability`` sets beside the optimal interval; ignored by every other command.
 [source]  optional, written by ``meshplan import``: ``path`` (relative to the TOML file) and ``format``
           (torchtitan, megatron, deepspeed) of the foreign config it was imported from, whose settings
-          meshplan does not plan ``meshplan export`` carries (:mod:`meshplan.interop.source_file`).
+          meshplan does not plan ``meshplan export`` carries (:mod:`meshplan.interop.source_file`);
+          for a torchtitan config registry (.py) ``config``, the function read (``import --config``).
 
 ``meshplan search`` reads configs without [mesh] (``require_mesh=False``); every other
 command needs it.
@@ -71,6 +72,8 @@ class Config:
     catalog's kernel data, :func:`meshplan.cli.loading._measured_cluster`);
     ``checkpoint_interval_steps``: the [reliability] table's ``checkpoint_interval_steps`` (None: not said);
     ``source``: the [source] table, (path resolved against the TOML's folder, format), or None;
+    ``source_config``: its ``config``, the function of a torchtitan Python config registry it names (None
+    for another file);
     ``source_model``: the foreign file's own keys naming a model it describes by a Hugging Face
     config (a torchtitan job TOML's ``model.name``, ``model.flavor`` and ``model.hf_assets_path`` as
     written), which an export to that format writes back; () otherwise; ``filled_axes``: the axes
@@ -96,6 +99,7 @@ class Config:
     kernel_files: tuple[str, ...] = ()
     checkpoint_interval_steps: int | None = None
     source: tuple[str, str] | None = None
+    source_config: str | None = None
     source_model: tuple[tuple[str, str], ...] = ()
     filled_axes: tuple[str, ...] = ()
     source_said: tuple[tuple[str, str], ...] = ()
@@ -213,7 +217,7 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes,
                   kernel_files=_kernel_files(data.get("kernels", {}), base),
                   checkpoint_interval_steps=_interval_steps(data.get("reliability", {})),
-                  source=_source(data.get("source", {}), base),
+                  source=_source(data.get("source", {}), base), source_config=_source_config(data.get("source", {})),
                   filled_axes=tuple(n for n in _axes_of(mesh) if n not in written))
 
 
@@ -229,9 +233,9 @@ def _source(t: dict, base: Path | None) -> tuple[str, str] | None:
     ``format``), None when absent. The file need not exist (export says so when it is gone)."""
     if not t:
         return None
-    if set(t) - {"path", "format"}:
-        raise ConfigError(f"source.{sorted(set(t) - {'path', 'format'})[0]}",
-                          "unknown key in [source]; allowed keys: path, format")
+    if set(t) - {"path", "format", "config"}:
+        raise ConfigError(f"source.{sorted(set(t) - {'path', 'format', 'config'})[0]}",
+                          "unknown key in [source]; allowed keys: path, format, config")
     path, fmt = t.get("path"), t.get("format")
     if not isinstance(path, str) or not path:
         raise ConfigError("source.path", "give the path of the foreign config this TOML was imported from, "
@@ -239,6 +243,19 @@ def _source(t: dict, base: Path | None) -> tuple[str, str] | None:
     if fmt not in SOURCE_FORMATS:
         raise ConfigError("source.format", f"{fmt!r}; use {', '.join(SOURCE_FORMATS)} (or remove [source])")
     return str(Path(path) if Path(path).is_absolute() or base is None else base / path), fmt
+
+
+def _source_config(t: dict) -> str | None:
+    """The [source] table's ``config``: the function of the torchtitan config registry (a ``.py``) the
+    TOML was imported from (``import --config NAME``), which ``export --to torchtitan -o FILE.py`` writes
+    back with the file's other values; None when absent."""
+    fn = t.get("config")
+    if fn is None:
+        return None
+    if not isinstance(fn, str) or not fn.isidentifier() or t.get("format") != "torchtitan":
+        raise ConfigError("source.config", f"{str(fn)[:40]!r}; give the name of the torchtitan config function "
+                          f"(format \"torchtitan\") the TOML was imported from, or remove it")
+    return fn
 
 
 def _interval_steps(t: dict) -> int | None:

@@ -123,7 +123,7 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
             update={"recompute": "full", "recompute_num_layers": None}))))
     if t.micro_batch > 1:
         mb = t.micro_batch // 2 if t.micro_batch % 2 == 0 else 1
-        out.append((f"{keys.bare('micro_batch')} {mb}",
+        out.append((keys.amount("micro_batch", mb),
                     replace(cfg, training=t.model_copy(update={"micro_batch": mb}))))
     if t.sharding in ("none", "zero1", "zero2") and t.zero12_engine == "megatron" and t.zero0_engine == "ddp":
         out += _sharded(plan, keys)

@@ -120,9 +120,9 @@ def nodes_words(plan: Plan, g: Grown, words: str, keys: KeyMap = OWN) -> str:
     """The last part of the fix: the fewest nodes found (and the global batch they need where
     ``training.global_batch`` caps dp), or how far the search went; in ``keys``' names."""
     saving = "at the most memory-saving settings" if words else "as configured"
-    t, gb_key, mb = plan.config.training, keys.field("training.global_batch"), keys.bare("micro_batch")
-    cap = (f"{gb_key} {t.global_batch} caps dp at {t.global_batch // t.micro_batch} "
-           f"({keys.bare('global_batch')} / {mb} {t.micro_batch})")
+    t, mb = plan.config.training, keys.bare("micro_batch")
+    cap = (f"{keys.amount('training.global_batch', t.global_batch)} caps dp at {t.global_batch // t.micro_batch} "
+           f"({keys.bare('global_batch')} / {keys.amount('micro_batch', t.micro_batch)})")
     p = g.plan
     if p is None:
         past = f"; {cap}: past it the global batch raised to a multiple of {mb} x dp" if g.capped else ""
@@ -130,6 +130,7 @@ def nodes_words(plan: Plan, g: Grown, words: str, keys: KeyMap = OWN) -> str:
     mesh = mesh_words(p.axis_degrees(), keys)
     gb = p.config.training.global_batch
     nodes = counted(plan.config.cluster.nodes, "node")
-    where, batch = (f", and {cap}", f" with {gb_key} {gb}") if gb != t.global_batch else ("", "")
+    batch = f" with {keys.amount('training.global_batch', gb)}"
+    where, batch = (f", and {cap}", batch) if gb != t.global_batch else ("", "")
     return (f"does not fit even {saving} on {nodes}{where}: {p.config.cluster.nodes} nodes would{batch} "
             f"({words + ', ' if words else ''}{mesh}: {p.timeline.verdict_words()})")

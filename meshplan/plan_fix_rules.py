@@ -196,9 +196,10 @@ def split_fix(plan: Infeasible, keys: KeyMap = OWN) -> Optional[str]:
     if megatron:
         flags = [f"--num-virtual-stages-per-pipeline-rank {vpp}", *ACCOUNT] if vpp > 1 else first_last_flags(split)
         how = f"Megatron-LM: {' '.join(flags)}"
-    else:
-        how = "torchtitan's module_fqns_per_model_part, which export --to torchtitan writes"
-    return f"{head}: give {keys.field('mesh.pp_layer_split')} = {split} ({how})"
+    else:  # a torchtitan file: its own setting (module names, or the counts of its own cut: keys.split_setting)
+        how = f"layers per stage {split}" if keys.splits is not None else \
+            "torchtitan's module_fqns_per_model_part, which export --to torchtitan writes"
+    return f"{head}: give {keys.split_setting(split, vpp)} ({how})"
 
 
 #: The data axes that take the ranks a smaller tp gives up (:func:`heads_fix`), first found first.
@@ -365,5 +366,7 @@ def _uneven_chunks(plan: Infeasible, per: int, keys: KeyMap) -> str:
     split = [per] * pp
     if valid_reason(replace(cfg, mesh=spec.model_copy(update={"pp_layer_split": split}))) is not None:
         return ""
-    return (f"{keys.field('mesh.pp_layer_split')} = {split} with vpp {vpp} kept (chunks of {per // vpp} and "
-            f"{per // vpp + 1} layers; torchtitan's module_fqns_per_model_part)")
+    chunks = f"chunks of {per // vpp} and {per // vpp + 1} layers"
+    if keys.splits is not None:  # a torchtitan file: its own setting (nc58 #3b)
+        return f"{keys.split_setting(split, vpp)} with vpp {vpp} kept (layers per stage {split}; {chunks})"
+    return f"mesh.pp_layer_split = {split} with vpp {vpp} kept ({chunks}; torchtitan's module_fqns_per_model_part)"

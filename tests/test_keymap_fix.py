@@ -93,11 +93,17 @@ def test_split_fix_is_built_in_the_file_keys(tmp_path, origin):
     built = split_fix(p, keymap_of(cfg))
     assert built == file_words(cfg, split_fix(p) or "")
     split = [3] + [4] * 13 + [3, 3]
-    pp, field = {"torchtitan": ("pipeline_parallel_degree", "parallelism.module_fqns_per_model_part"),
-                 "megatron": ("--pipeline-model-parallel-size", "mesh.pp_layer_split"),
-                 "deepspeed": ("pp", "mesh.pp_layer_split")}[origin]
-    assert built == (f"fix: 61 layers over {pp} 16: give {field} = {split} (torchtitan's module_fqns_per_model_part, "
-                     f"which export --to torchtitan writes)")
+    if origin == "torchtitan":  # torchtitan has no key of layer counts (nc58 #3b): the counts of its own cut.
+        # 16 parts of 61 + first + last slots, 3 a part with 14 left over for parts 0-13 (so 62 slots,
+        # first + last = 1); part 0 holds 4 - first = 3 (first 1), part 15 3 - last = 3 (last 0); parts
+        # 1-13 hold 4, part 14 3: the split (torchtitan b5bcd76 _generate_llm_fqn_per_model_part)
+        assert built == ("fix: 61 layers over pipeline_parallel_degree 16: give "
+                         "parallelism.pipeline_parallel_first_stage_less_layers = 1, "
+                         f"parallelism.pipeline_parallel_last_stage_less_layers = 0 (layers per stage {split})")
+        return
+    pp = {"megatron": "--pipeline-model-parallel-size", "deepspeed": "pp"}[origin]
+    assert built == (f"fix: 61 layers over {pp} 16: give mesh.pp_layer_split = {split} (torchtitan's "
+                     f"module_fqns_per_model_part, which export --to torchtitan writes)")
 
 
 #: Handed case C6's heads (40 q, 10 KV) at tp 4 on one dgx-h100 (8 GPUs): tp 1 and 2 pass the heads

@@ -203,13 +203,14 @@ def test_float8_tp_is_noted_for_9810191s_names():
 
 
 def test_cli_import_and_step_of_a_registry(tmp_path, capsys):
-    """``import torchtitan FILE --config NAME`` writes the TOML (no [source]: nothing of the .py is
-    carried), ``import auto`` detects it, ``step`` plans it; --config on a job TOML is refused."""
+    """``import torchtitan FILE --config NAME`` writes the TOML (its [source] naming the file and the
+    function, which export -o FILE.py of the TOML writes back: ttexport), ``import auto`` detects it,
+    ``step`` plans it; --config on a job TOML is refused."""
     out = tmp_path / "tp2.toml"
     assert _main("import", "torchtitan", REGISTRY, "--config", "llama3_8b_tp2", "--cluster", "dgx-h100", "--nodes", 2,
                  "-o", out) == 0
     text = out.read_text()
-    assert "[source]" not in text and 'recompute = "layer"' in text and "ac_freq = 2" in text
+    assert '[source]\npath = "' in text and 'config = "llama3_8b_tp2"' in text and 'recompute = "layer"' in text and "ac_freq = 2" in text
     assert _main("import", "auto", B5, "--config", "llama3_8b_tp2", "--cluster", "dgx-h100", "--nodes", 2) == 0
     assert _main("step", B5, "--config", "llama3_8b_tp2", "--cluster", "dgx-h100", "--nodes", 2) == 0
     capsys.readouterr()

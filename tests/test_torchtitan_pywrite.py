@@ -231,7 +231,8 @@ def test_what_cannot_be_written_is_one_line_and_nothing_is_overwritten(tmp_path,
 
     plan = tmp_path / "tp2.toml"  # the 9810191 job imported: layer SAC every 2nd layer (ac_freq 2)
     assert _main("import", "torchtitan", REGISTRY, "--config", "llama3_8b_tp2", *H100, 1, "-o", plan) == 0
-    code, lines = err(plan, "--to", "torchtitan", "-o", tmp_path / "a.py")
+    # its [source] is the 9810191 .py, written back in its own names (ttexport): b5bcd76's asked for by name
+    code, lines = err(plan, "--to", "torchtitan", "-o", tmp_path / "a.py", "--torchtitan-revision", "b5bcd76")
     assert code == 2 and lines[-1].startswith("error: --torchtitan-revision: activation_checkpoint mode 'selective', "
                                               "selective_ac_option '2': torchtitan b5bcd76 has op-level SAC")
     code, lines = err(B5, *H100, 1, "--config", "llama3_8b_tp2", "--to", "torchtitan", "-o", tmp_path / "a.toml",

@@ -31,7 +31,7 @@ from meshplan.interop.export import export
 from meshplan.interop.export_formats import UserFile
 from meshplan.interop.foreign import import_text, load_any
 from meshplan.interop.torchtitan_custom import meshplan_snippet, snippet
-from meshplan.interop.torchtitan_pytarget import REVISIONS, PyTarget, target
+from meshplan.interop.torchtitan_pytarget import REVISIONS, PyTarget, source_revision, target
 from meshplan.interop.torchtitan_write import custom_flavor
 from meshplan.interop.detect import config_text, is_python_job
 from meshplan.interop.source_file import carried_source, source_table, with_source_model
@@ -180,11 +180,21 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     user, gone = carried_source(config, foreign.fmt, cfg)
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
     python = cfg.origin == "torchtitan" and is_python_job(config, config_text(config))
-    pyjob = target(out, revision, name, config, python, foreign.options().job_config) if to == "torchtitan" else None
+    py, function = config, foreign.options().job_config
+    if not python and to == "torchtitan" and cfg.source is not None and cfg.source_config and \
+            Path(cfg.source[0]).is_file():  # an import of a .py: its [source], in its own revision's names
+        own = source_revision(Path(cfg.source[0]), cfg.source_config)
+        if revision is None or revision == own:
+            py, function, python = Path(cfg.source[0]), cfg.source_config, True
+        else:
+            _echo(f"note: {cfg.source[0]}, the [source] of {config}, is in torchtitan {own}'s names: "
+                  f"--torchtitan-revision {revision} writes the plan alone, carrying none of its values")
+    pyjob = target(out, revision, name, py, python, function) if to == "torchtitan" else None
     if python and to == "torchtitan" and pyjob is None:  # nc57 #6: the job TOML asked for by -o's suffix
-        _echo(f"note: {config.name} is torchtitan's Python config; this job TOML carries none of its other values: "
+        _echo(f"note: {py.name} is torchtitan's Python config; this job TOML carries none of its other values: "
               f"-o FILE.py writes its function back in its own names, keeping them")
-    header, files = _write_export(cfg, to, out, str(config), force, user, gone, pyjob)
+    named = str(config) if py == config else f"{py}, the [source] of {config}"
+    header, files = _write_export(cfg, to, out, named, force, user, gone, pyjob)
     _write_doc(json_path, export_doc(str(config), to, header, _written(files)), force)
 
 

@@ -20,12 +20,17 @@ so that the line stays true):
   with pp (its reader's mapping), ...;
 - the batch's names bare (:data:`BARE`), as the batch rule and the memory fix write them
   (``micro_batch 1 x dp 512``, ``global_batch / micro_batch 2``), to the key
-  (``training.local_batch_size 1``);
+  (``training.local_batch_size 1``); where the file counts the batch in other units (a b5bcd76
+  torchtitan registry's tokens, :meth:`~meshplan.keymap.KeyMap.amount`) a count beside the name
+  as well (``training.num_tokens_per_microbatch_per_dp_rank 16384 (2 x 8192)``);
 - a setting of a fix or a ``hint:`` line (``recompute full``, ``training.reshard_after_forward = false``,
   ``mesh.pp_schedule = "interleaved_1f1b"``) as the key and value to write (``activation_checkpoint.mode
   = "full"``, ``parallelism.fsdp_reshard_after_forward = "never"``, ``"Interleaved1F1B"``;
   ``--recompute-granularity full``; ``sharding zero3`` as the Megatron FSDP flags that
   ``export --to megatron`` writes for it, :func:`~meshplan.interop.megatron_write.sharding_flags`);
+- a pipeline split, ``mesh.pp_layer_split [...]`` of layers per stage, as torchtitan sets one: its module
+  names per model part, or the first/last-stage counts its own cut takes
+  (:func:`~meshplan.interop.torchtitan_split.split_setting`);
 - ``mesh.shape [...]`` as the degrees it changes against the config's mesh
   (``parallelism.expert_parallel_degree = 8``, ``--expert-model-parallel-size 8``);
 - in the ``fix:`` part of a line, a mesh axis followed by its degree (``tp 4``, ``tp x2``) as the
@@ -63,6 +68,11 @@ def _put(pattern: str, text: str, words: str) -> str:
     return re.sub(pattern, lambda _: words, text)
 
 
+def _amount(keymap: KeyMap, bare: str) -> Callable[[re.Match], str]:
+    """The rewrite of ``<bare> N`` as the file counts it (:meth:`~meshplan.keymap.KeyMap.amount`)."""
+    return lambda m: keymap.amount(bare, int(m.group(1)))
+
+
 def _shape(cfg: Config, keymap: KeyMap, m: re.Match) -> str:
     """``mesh.shape [...]`` as the format's keys of the degrees that differ from ``cfg``'s mesh
     (:meth:`~meshplan.keymap.KeyMap.mesh_change`)."""
@@ -97,8 +107,12 @@ def file_words(cfg: Config, text: str) -> str:
     keymap = keymap_of(cfg)
     fields = dict(keymap.fields)
     text = _sub(r"mesh\.shape \[([-\d, ]+)\]", text, lambda m: _shape(cfg, keymap, m))
+    text = _splits(cfg, keymap, text) if keymap.splits is not None else text
     for meshplan_words, words in keymap.settings.items():
         text = _put(rf"(?<![\w.\-]){re.escape(meshplan_words)}(?![\w.])", text, words)
+    for bare in BARE:  # a count in the file's units (a b5bcd76 registry's tokens): "micro_batch 2" -> its amount
+        if f"training.{bare}" in keymap.units:
+            text = _sub(rf"(?<![\w.\-])(?:training\.)?{bare} (\d+)(?![\w.])", text, _amount(keymap, bare))
     for field, key in fields.items():  # dotted first, then the bare name
         text = _put(rf"(?<![\w.\-]){re.escape(field)}(?![\w])", text, key)
     for bare in BARE:  # "micro_batch 1 x dp 512", "global_batch / micro_batch 2"
@@ -108,6 +122,30 @@ def file_words(cfg: Config, text: str) -> str:
     fix = _sub(rf"(?<![\w.\-])({'|'.join(FIX_AXES)})(?= (?:\d|x\d))", fix,
                lambda m: keymap.axis(m.group(1)))
     return head + mark + _once(fix)
+
+
+#: A split the fix lines give in meshplan's words, with their torchtitan remark (plan_fix_rules), and bare.
+_SPLIT_FIX = (r"mesh\.pp_layer_split = \[([\d, ]+)\] \(torchtitan's module_fqns_per_model_part, which export "
+              r"--to torchtitan writes\)")
+_SPLIT_VPP = (r"mesh\.pp_layer_split = \[([\d, ]+)\] with vpp (\d+) kept \((chunks of \d+ and \d+ layers); "
+              r"torchtitan's module_fqns_per_model_part\)")
+_SPLIT = r"mesh\.pp_layer_split(?: =)? \[([\d, ]+)\]"
+
+
+def _splits(cfg: Config, keymap: KeyMap, text: str) -> str:
+    """``mesh.pp_layer_split [..]`` (layers per stage) as the file sets the split
+    (:meth:`~meshplan.keymap.KeyMap.split_setting`: torchtitan's module names per model part, or its own
+    cut's counts; newcomer trial nc58 #3b), the counts kept in words; the chunks a stage are the line's
+    ``mesh.virtual_stages = N``, else the config's."""
+    named = re.search(r"mesh\.virtual_stages = (\d+)", text)
+    v = int(named.group(1)) if named else (cfg.mesh.virtual_stages if cfg.mesh is not None else 1)
+    split = lambda g: [int(x) for x in g.split(",")]
+    text = _sub(_SPLIT_FIX, text, lambda m: f"{keymap.split_setting(split(m.group(1)), v)} (layers per stage "
+                f"[{m.group(1)}])")
+    text = _sub(_SPLIT_VPP, text, lambda m: f"{keymap.split_setting(split(m.group(1)), int(m.group(2)))} with vpp "
+                f"{m.group(2)} kept (layers per stage [{m.group(1)}]; {m.group(3)})")
+    return _sub(_SPLIT, text, lambda m: f"{keymap.split_setting(split(m.group(1)), v)} (layers per stage "
+                f"[{m.group(1)}])")
 
 
 def _once(fix: str) -> str:

@@ -23,6 +23,7 @@ from meshplan.interop.detect import MEGATRON_HINT, config_text, detect, is_pytho
 from meshplan.interop.tomlout import dumps
 from meshplan.interop.detect import meshplan_refusal  # import's refusal of a meshplan TOML (nc55 #1)
 from meshplan.interop.torchtitan_custom import sibling_flavors
+from meshplan.interop.torchtitan_py import function_tree
 from meshplan.interop.torchtitan_pyjob import read_py
 from meshplan.interop.written_paths import written_tables
 
@@ -117,9 +118,10 @@ def import_text(path, fmt: str | None, opts: ImportOptions,
     if fmt == "meshplan":  # a TOML error or an empty file said first (nc55 #1)
         raise meshplan_refusal(p, config_text(p))
     imp = read_foreign(p, fmt, opts)
-    if is_python_job(p, config_text(p)):  # export writes a job TOML afresh: nothing of the .py to carry
-        source = None
-    tables = imp.tables | ({"source": source(fmt)} if source else {})
+    table = source(fmt) if source else {}
+    if table and is_python_job(p, config_text(p)):  # the function read, which export -o FILE.py writes back (ttexport)
+        table |= {"config": function_tree(config_text(p), str(p), opts.job_config)[0]}
+    tables = imp.tables | ({"source": table} if table else {})
     config_from_dict(tables, base=p.parent, path=str(p))
     tables = written_tables(tables, out)
     header = (f"meshplan import {fmt} {p}",) + tuple(f"note: {n}" for n in imp.all_notes())

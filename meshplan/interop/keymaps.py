@@ -17,6 +17,10 @@ builders of ``fix:`` lines take (:func:`meshplan.plan_fix.memory_fix`,
 ('parallelism.pipeline_parallel_microbatch_size', 'tensor_parallel_degree', 'activation_checkpoint.mode = "full"')
 >>> keymap_of(replace(cfg, origin="megatron")).axis("tp"), keymap_of(cfg).axis("tp")
 ('--tensor-model-parallel-size', 'tp')
+>>> tok = keymap_of(replace(cfg, origin="torchtitan", training=cfg.training.model_copy(
+...     update={"op_sac_policy": "b5bcd76"})))
+>>> tok.amount("micro_batch", 1), tok.field("training.global_batch")
+('training.num_tokens_per_microbatch_per_dp_rank 4096 (1 x 4096)', 'training.num_tokens_per_train_step')
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import replace
 from meshplan.config import Config
 from meshplan.interop.deepspeed_zeropp import ZEROPP_KEYS
 from meshplan.interop.megatron_write import sharding_flags
+from meshplan.interop.torchtitan_split import split_setting
 from meshplan.interop.torchtitan_tables import SCHEDULE_NAMES
 from meshplan.interop.world_words import KEYS
 from meshplan.keymap import OWN, KeyMap
@@ -92,7 +97,10 @@ KEYMAPS: dict[str, KeyMap] = {fmt: KeyMap(FIELDS[fmt], SETTINGS[fmt], _degrees(f
 def keymap_of(cfg: Config) -> KeyMap:
     """The key map of the format ``cfg`` was read from (``cfg.origin``; :data:`~meshplan.keymap.OWN`
     for a meshplan TOML): torchtitan's micro-batch key by its pp (the reader's mapping:
-    ``training.local_batch_size`` at pp 1, ``parallelism.pipeline_parallel_microbatch_size`` with pp)."""
+    ``training.local_batch_size`` at pp 1, ``parallelism.pipeline_parallel_microbatch_size`` with pp);
+    torchtitan's pipeline split as it sets one (:func:`~meshplan.interop.torchtitan_split.split_setting`);
+    a b5bcd76 config registry's batch keys in tokens (``training.num_tokens_per_train_step``,
+    ``training.num_tokens_per_microbatch_per_dp_rank``, ``seq_len`` tokens a sequence: :meth:`KeyMap.amount`)."""
     own = KEYMAPS.get(cfg.origin or "")
     if own is None:
         return OWN
@@ -100,8 +108,17 @@ def keymap_of(cfg: Config) -> KeyMap:
         return own
     pp = dict(zip(cfg.mesh.names or [], cfg.mesh.shape or [])).get("pp", 1) if cfg.mesh is not None else 1
     micro = "parallelism.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"
+    new = cfg.training.op_sac_policy == "b5bcd76"
+    cut = cfg.mesh is None or cfg.mesh.pp_schedule != "zb_h1"  # InterleavedZeroBubble: the names only
+    own = replace(own, splits=lambda split, chunks: split_setting(cfg.model.layers, split, chunks, new, cut))
+    if not new:
+        return replace(own, fields={**own.fields, "training.micro_batch": micro})
     # a config registry in b5bcd76's names (planned as b5bcd76: op_sac_policy) sets async TP on CompileConfig
-    # (torchtitan_pyjob.NEW); its batch keys count tokens, which these sequence fields do not convert
-    overlap = {"training.tp_comm_overlap": "compile.enable_async_tensor_parallel"} \
-        if cfg.training.op_sac_policy == "b5bcd76" else {}
-    return replace(own, fields={**own.fields, "training.micro_batch": micro, **overlap})
+    # (torchtitan_pyjob.NEW) and counts the batch in tokens of max_context_length, the seq_len it was
+    # planned at (torchtitan_batch.fold_tokens; the micro-batch's key the same with pp: nc57 #4b)
+    tokens = {"training.global_batch": "training.num_tokens_per_train_step", "training.seq_len":
+              "training.max_context_length", "training.micro_batch": "training.num_tokens_per_microbatch_per_dp_rank",
+              "training.tp_comm_overlap": "compile.enable_async_tensor_parallel"}
+    seq = cfg.training.seq_len
+    return replace(own, fields={**own.fields, **tokens},
+                   units={"training.global_batch": seq, "training.micro_batch": seq})

@@ -183,6 +183,7 @@ def meshplan_tables(cfg: Config) -> dict[str, dict]:
     kernels = {"files": [str(Path(f).resolve()) for f in cfg.kernel_files]} if cfg.kernel_files else {}
     checkpoint = {"checkpoint_interval_steps": cfg.checkpoint_interval_steps} if cfg.checkpoint_interval_steps else {}
     source = {"path": str(Path(cfg.source[0]).resolve()), "format": cfg.source[1]} if cfg.source else {}
+    source |= {"config": cfg.source_config} if cfg.source and cfg.source_config else {}
     return tables | ({"memory": memory} if memory else {}) | ({"kernels": kernels} if kernels else {}) | (
         {"reliability": checkpoint} if checkpoint else {}) | ({"source": source} if source else {})
 

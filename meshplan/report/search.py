@@ -205,8 +205,8 @@ def timing_line(r: SearchResult) -> str:
     """The search's wall time here (``r.wall_s``; the widened search's apart, :mod:`meshplan.search.widen`), for
     stderr: the report (stdout, HTML) holds no measured time, so it is the same on any machine (--json keeps
     ``wall_s`` and ``timings_s``)."""
-    widen = r.timings.get("widen cp")
-    more = "" if widen is None else f", then {widen:.1f} s for the search with every cp (the fix's)"
+    more = "".join(f", then {r.timings[f'widen {a}']:.1f} s for the search with every {a} (the fix's)"
+                   for a in ("cp", "ep") if f"widen {a}" in r.timings)
     return (f"timing: the search took {r.wall_s:.1f} s of wall time on this machine{more} (it varies by machine; not "
             "part of the plan or the report)")
 

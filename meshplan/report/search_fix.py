@@ -61,7 +61,8 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     ``no_feasible_mesh``, the HTML page shows the line. ``widened``: the row the search finds
     with every cp where ``[search] cp`` is narrowed (:class:`~meshplan.search.widen.Widened`'s
     dict; null otherwise: :func:`meshplan.search.widen.widen` not run or finding none), named first
-    in ``fix``."""
+    in ``fix``; ``widened_ep`` the same for ``[search] ep`` of an MoE model, named before it (not a key:
+    its row is in ``fix``)."""
     if r.top:
         return None
     most = sorted(rule_counts(r), key=lambda x: -x[2])[:3]
@@ -69,8 +70,9 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     fixes = _FIXES | _FIXES_MEGATRON if r.config.training.framework == "megatron" else _FIXES
     cfg = r.config  # a model state over memory fully sharded: no batch or knob helps, only GPUs
     fix = (state_floor_fix(cfg.model, cfg.training, cfg.cluster) or fixes.get(most[0][0], _FIX_ANY)) if most else None
-    if r.widened is not None:
-        fix = widened_words(r.widened) + (f"; or {fix}" if fix else "")
+    for w in (r.widened, r.widened_ep):  # the ep row first (nc58 #1b: the knob that shards the experts)
+        if w is not None:
+            fix = widened_words(w) + (f"; or {fix}" if fix else "")
     verdict: dict[str, Any] = {"candidates": len(r.candidates), "rules": rules, "undecided": r.counts()["undecided"],
                                "fix": fix, "widened": r.widened.to_dict() if r.widened else None}
     return verdict | {"line": _verdict_line(verdict)}
@@ -85,8 +87,8 @@ def widened_words(w: Widened) -> str:
     (cp 4: step 384.986 s, peak 55.1 GiB)
     """
     now = "/".join(map(str, w.given)) or "none"
-    return (f"widen [search] cp (now {now}): with every cp the fastest that fits is {w.label} (cp {w.cp}: step "
-            f"{w.step_s:.3f} s, peak {w.peak_bytes / GiB:.1f} GiB)")
+    return (f"widen [search] {w.axis} (now {now}): with every {w.axis} the fastest that fits is {w.label} ({w.axis} "
+            f"{w.degree}: step {w.step_s:.3f} s, peak {w.peak_bytes / GiB:.1f} GiB)")
 
 
 def _verdict_line(v: dict[str, Any]) -> str:

@@ -109,7 +109,8 @@ class SearchResult:
     row, in order (the rows' meshes' other settings among them); ``variants``: the top mesh's
     other settings within 1% of the fastest step, at most 3; ``widened``: where no candidate fits
     and ``[search] cp`` is narrowed, the fastest row with every cp (:func:`meshplan.search.widen.widen`,
-    which ``meshplan search`` runs after this search; None otherwise); ``tiered_past``: the tight meshes the
+    which ``meshplan search`` runs after this search; None otherwise); ``widened_ep``: the same with every ep
+    where the model is MoE and ``[search] ep`` is narrowed (newcomer trial nc58 #1b); ``tiered_past``: the tight meshes the
     rule's order over every candidate put before row 1, listed after it or left out by the headroom tiers
     (:mod:`meshplan.search.headroom`);
     ``safer``: (row shown, its mesh's first setting by the rule, tight) where the tiers showed the mesh
@@ -134,6 +135,7 @@ class SearchResult:
     placed: list[Exact] = field(default_factory=list)
     variants: list[Exact] = field(default_factory=list)
     widened: Optional["Widened"] = None
+    widened_ep: Optional["Widened"] = None
     tiered_past: list[Exact] = field(default_factory=list)
     safer: list[tuple[Exact, Exact]] = field(default_factory=list)
 
@@ -149,15 +151,23 @@ class SearchResult:
 
 @dataclass(frozen=True)
 class Widened:
-    """The fastest row of a search with ``[search] cp`` widened (:mod:`meshplan.search.widen`):
-    ``given`` the config's list, ``cp`` the row's degree, ``label`` the candidate as the search
-    prints it, ``step_s`` its exact step (seconds), ``peak_bytes`` its planned peak (bytes)."""
+    """The fastest row of a search with ``[search] cp`` (or ``ep``: ``axis``) widened
+    (:mod:`meshplan.search.widen`): ``given`` the config's list, ``cp`` the row's cp degree (its ep:
+    ``ep``), ``label`` the candidate as the search prints it, ``step_s`` its exact step (seconds),
+    ``peak_bytes`` its planned peak (bytes)."""
 
     given: tuple[int, ...]
     cp: int
     label: str
     step_s: float
     peak_bytes: float
+    axis: str = "cp"
+    ep: int = 1
+
+    @property
+    def degree(self) -> int:
+        """The row's degree of the widened axis."""
+        return self.ep if self.axis == "ep" else self.cp
 
     def to_dict(self) -> dict:
         return {"key": "search.cp", "given": list(self.given), "cp": self.cp, "label": self.label,

@@ -1,6 +1,8 @@
-"""What a narrowed ``[search] cp`` hides when no candidate fits (newcomer trial 16: ``plan``'s
+"""What a narrowed ``[search] cp`` or ``ep`` hides when no candidate fits (newcomer trial 16: ``plan``'s
 ``fix:`` line tries context parallelism, :func:`meshplan.plan_fix_cp.cp_variant`, while the search's
-no-feasible-mesh fix never named it).
+no-feasible-mesh fix never named it; nc58 #1b: the same for more expert parallelism of an MoE model,
+:func:`meshplan.plan_fix_ep.ep_variant`, which shards the routed experts: each rank holds experts / ep
+of every MoE layer's, while the dense mesh stays as it is).
 
 Context parallelism splits the sequence over cp ranks, so each rank holds 1 / cp of a layer's
 activations while FSDP still shards the state over dp_shard x cp (:mod:`meshplan.spec.axes.cp`):
@@ -17,6 +19,10 @@ finds a row never pays for it.
 Llama-3-70B at seq 32768, global batch 512 on 8 dgx-h100 with ``[search] recompute = ["none"]`` and
 ``cp = [1]``: no candidate fits (without recompute every layer keeps its activations of 32768
 tokens, split over tp 8 at most); widened, pp 2 x cp 4 x tp 8 fits (tests/test_search_widen.py).
+``[search] ep`` is widened the same way where the model is MoE (each axis its own search; the ep row
+named first). Mixtral-8x7B at pp 4 x dp 64 with ``ep = [1]`` (and cp, tp narrowed to 1): ep 1 keeps all
+8 experts of its 8 layers on every rank, 63 GiB of their bf16 parameters and fp32 gradients alone, so
+nothing fits; every ep, ep 2 or more fits (tests/test_nclose_fixes.py).
 """
 
 from __future__ import annotations
@@ -30,35 +36,43 @@ from meshplan.memory.constraints import state_floor_fix
 from meshplan.search.driver import SearchResult, Widened, search
 
 
-def worth_widening(r: SearchResult) -> bool:
-    """Whether :func:`widened_cp` may help ``r``: no row, ``[search] cp`` narrowed and some
-    candidate rejected for memory, but not where the model state alone exceeds usable memory fully
-    sharded over every GPU (:func:`~meshplan.memory.constraints.state_floor_fix`: no cp helps)."""
+def worth_widening(r: SearchResult, axis: str = "cp") -> bool:
+    """Whether :func:`widened_axis` may help ``r``: no row, ``[search]``'s ``axis`` list narrowed (ep: of
+    an MoE model) and some candidate rejected for memory, but not where the model state alone exceeds
+    usable memory fully sharded over every GPU (:func:`~meshplan.memory.constraints.state_floor_fix`:
+    no cp or ep helps)."""
     cfg = r.config
-    return (not r.top and cfg.search.cp is not None and r.counts()["memory"] > 0
-            and state_floor_fix(cfg.model, cfg.training, cfg.cluster) is None)
+    return (not r.top and getattr(cfg.search, axis) is not None and r.counts()["memory"] > 0
+            and (axis != "ep" or cfg.model.is_moe) and state_floor_fix(cfg.model, cfg.training, cfg.cluster) is None)
 
 
-def widened_cp(cfg: Config, workers: Optional[int] = None) -> Optional[Widened]:
-    """The fastest row of ``cfg``'s search with ``[search] cp`` left out (every cp the rules
-    allow), ``top`` 1 and ``settle_max`` 0, ``[mesh]`` dropped (its line is not printed); None
-    where that search finds none either."""
+def widened_axis(cfg: Config, axis: str = "cp", workers: Optional[int] = None) -> Optional[Widened]:
+    """The fastest row of ``cfg``'s search with ``[search]``'s ``axis`` list left out (every degree
+    the rules allow), ``top`` 1 and ``settle_max`` 0, ``[mesh]`` dropped (its line is not printed);
+    None where that search finds none either."""
     o = cfg.search
-    wide = replace(cfg, mesh=None, search=o.model_copy(update={"cp": None, "top": 1, "settle_max": 0}))
+    wide = replace(cfg, mesh=None, search=o.model_copy(update={axis: None, "top": 1, "settle_max": 0}))
     r = search(wide, workers=workers)
     e = r.top[0] if r.top else None
     if e is None or e.step_s is None:
         return None
-    return Widened(tuple(o.cp or ()), int(r.candidates.cp[e.index]), r.candidates.label(e.index), e.step_s,
-                   e.peak_bytes)
+    c = r.candidates
+    return Widened(tuple(getattr(o, axis) or ()), int(c.cp[e.index]), c.label(e.index), e.step_s, e.peak_bytes,
+                   axis, int(c.ep[e.index]))
 
 
 def widen(r: SearchResult, workers: Optional[int] = None) -> SearchResult:
-    """``r`` with ``widened`` set where :func:`worth_widening` (its wall time as ``timings["widen
-    cp"]``, seconds, apart from the search's ``wall_s``); ``r`` itself, unchanged, otherwise."""
-    if not worth_widening(r):
-        return r
-    t0 = time.perf_counter()
-    r.widened = widened_cp(r.config, workers)
-    r.timings["widen cp"] = time.perf_counter() - t0
+    """``r`` with ``widened`` (cp) and ``widened_ep`` set where :func:`worth_widening` (their wall times
+    as ``timings["widen cp"]`` and ``["widen ep"]``, seconds, apart from the search's ``wall_s``); ``r``
+    itself, unchanged, otherwise."""
+    for axis in ("cp", "ep"):
+        if not worth_widening(r, axis):
+            continue
+        t0 = time.perf_counter()
+        found = widened_axis(r.config, axis, workers)
+        if axis == "cp":
+            r.widened = found
+        else:
+            r.widened_ep = found
+        r.timings[f"widen {axis}"] = time.perf_counter() - t0
     return r
