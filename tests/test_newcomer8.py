@@ -15,9 +15,11 @@ from meshplan.interop.megatron import read, write
 from cli_run import run_main as _main
 from fsdp2_tail import tail_of
 
-#: Llama 3 70B at 8k tokens on 16 DGX H100 (the trial's q1.toml), the two meshes its search lists first:
+#: Llama 3 70B at 8k tokens on 16 DGX H100 (the trial's q1.toml), the two meshes its search listed first:
 #: #1 dp_shard 32 x tp 4 and #2 dp_shard 32 x cp 2 x tp 2, both zero3 (FSDP2), no recompute, mb 1 (the
-#: trial's order was the other, before torch's CP ring merges were counted, 1d93a21).
+#: trial's order was the other, before torch's CP ring merges were counted, 1d93a21). Since op-level SAC is
+#: searched at tp > 1 (nc57 #7b) #1 is dp_shard 64 x tp 2 at op and dp_shard 32 x tp 4 #2
+#: (test_op_at_tp2_is_the_top_by_hand); the tests below plan the pair they are about by its label.
 Q1 = """[model]
 catalog = "llama3-70b"
 [cluster]
@@ -155,17 +157,28 @@ def test_compute_difference_names_its_largest_part(q1_search):
     of slower SDPA: the block is now rank 0's, #2's attention 0.137 s longer, and the memory-bound
     difference is rank 0's ring: merges 80 x 16 x 41 n_q / 2.97 TB/s = 0.296 s, gradient sums 46.5 n_q:
     0.336 s (of 0.634 s). The ring's gathers and shifts at the KV heads hold NVLink's 24 SMs for less:
-    #2's SM contention 4.140 -> 3.991 s (read from the model)."""
+    #2's SM contention 4.140 -> 3.991 s (read from the model).
+
+    nc57 #7b (op-level SAC searched at tp > 1): the search's #1 is dp_shard 64 x tp 2 at op
+    (test_op_at_tp2_is_the_top_by_hand) and dp_shard 32 x tp 4 its #2, so the pair above is found by its
+    labels, not by rank. The search's own explanation (top against #2) now names GEMMs by the same rule:
+    per layer and micro-batch op's replay runs wk, wo and w_up again (the even-numbered mms), at tp 2
+    8192 x 512 x 8192, 8192 x 8192 x 4096, 8192 x 14336 x 8192 at the catalog's 603, 692, 714 TFLOP/s:
+    0.114 + 0.794 + 2.694 = 3.602 ms, 80 layers x 8 micro-batches = 2.305 s; the rest of the two meshes'
+    GEMMs is the same FLOP per GPU, tp 2's wider N a little faster: GEMMs +2.181 s (read from the model),
+    above SM contention's -1.760 s (1.915 vs 3.674 s: FSDP's all-gathers cross the NICs half as often, 8
+    micro-batches against 16, test_op_at_tp2_is_the_top_by_hand) and the replayed norms, RoPE and SiLU
+    (other, memory-bound: +0.546 s, read)."""
     from meshplan.plan import build_plan
     from meshplan.schedule.steptime import step_time
     from meshplan.search.candidate import candidate_config
     from meshplan.search.explain import SPLIT_PARTS
     from meshplan.search.step_parts import compute_split, step_breakdown
     c, top = q1_search.candidates, q1_search.top[0]
-    assert c.label(top.index).startswith("dp_shard 32 x tp 4")
-    cp2 = next(i for i in range(len(c.pp)) if c.label(i) == "dp_shard 32 x cp 2 x tp 2, mb 1, none, vpp 1, zero3")
+    tp4, cp2 = (next(i for i in range(len(c.pp)) if c.label(i) == f"dp_shard 32 x {m}, mb 1, none, vpp 1, zero3")
+                for m in ("tp 4", "cp 2 x tp 2"))
     split = []
-    for i in (top.index, cp2):
+    for i in (tp4, cp2):
         plan = build_plan(candidate_config(q1_search.config, c, i))
         st = step_time(plan)
         split.append(compute_split(plan, st, contention=True))
@@ -190,10 +203,81 @@ def test_compute_difference_names_its_largest_part(q1_search):
     assert (round(merge_s, 3), round(grad_s, 3)) == (0.296, 0.336)
     assert 0.98 < (merge_s + grad_s) / (b[other] - a[other]) < 1  # the rest: its other memory-bound ops
     two = q1_search.top[1]
-    assert c.label(two.index).startswith("pp 8 x dp_shard 4 x tp 4")
+    assert (c.label(top.index), two.index) == ("dp_shard 64 x tp 2, mb 1, op, vpp 1, zero3", tp4)
     assert set(top.compute_split) == {*SPLIT_PARTS, sm}  # the search's split itemises contention too
-    largest = max(top.compute_split, key=lambda k: abs(top.compute_split[k] - two.compute_split[k]))
-    assert largest == sm and f"(largest: {sm} " in q1_search.explanation.line()
+    diff = {k: top.compute_split[k] - two.compute_split[k] for k in top.compute_split}
+    gemm = SPLIT_PARTS[0]
+    replay = 80 * 8 * 2 * 8192 * (512 * 8192 / 603.4 + 8192 * 4096 / 692.3 + 14336 * 8192 / 714.3) / 1e12
+    assert round(replay, 3) == 2.305 and 0.9 * replay < diff[gemm] < replay   # wk, wo, w_up again; tp 2 GEMMs wider
+    assert (round(diff[sm], 3), round(diff[other], 3)) == (-1.760, 0.546)   # read from the model (docstring)
+    largest = max(diff, key=lambda k: abs(diff[k]))
+    assert largest == gemm and f"(largest: {gemm} " in q1_search.explanation.line()
+
+
+@pytest.mark.slow
+def test_op_at_tp2_is_the_top_by_hand(q1_search):
+    """nc57 #7b: with torchtitan's op-level SAC searched at tp > 1 the q1 search's #1 is dp_shard 64 x tp 2 at
+    op (32.050 s, peak 66.57 of 67.24 GiB usable), ahead of dp_shard 32 x tp 4 without recompute (32.968 s,
+    61.55 GiB), #1 before. Both split each layer 128 ways (tp x dp_shard) and run 32,768 tokens per GPU a step:
+    tp 2 as 8 micro-batches of 1 x 8192 per rank (512 / dp 64), tp 4 as 16 (512 / 32).
+
+    Memory per layer and micro-batch (8192 tokens, bf16, sequence parallel, flash; activations.op_sac_terms,
+    torchtitan 238fa99's policy: mm outputs saved but every second (wk, wo, w_up recomputed), SDPA and the
+    reduce-scatters saved, the all-gathers replayed): op at tp 2 keeps the layer's input 8192 / 2 x 8192
+    (64 MiB), wq's output 8192 x 4096 (64), wv's 8192 x 512 (8), the SDPA output 8192 x 4096 (64) and its
+    fp32 log-sum-exp 4 B x 32 heads x 8192 (1), w_gate's 8192 x 14336 (224), w_down's partial sums before
+    their reduce-scatter 8192 x 8192 (128) and the two reduce-scatter outputs 8192 / 2 x 8192 (64 each):
+    681 MiB. No recompute at tp 4 keeps both norms' inputs and both GEMM inputs 8192 / 4 x 8192 (32 each),
+    q, k, v, the context 32 + 4 + 4 + 32, the lse 0.5, gate, SiLU output, up and w_out's input 8192 x 7168
+    (112 each): 648.5 MiB. At tp 2 that is 1297 MiB, x 80 layers 101.3 GiB > 67.24 usable: before op was
+    searched there, tp 2 fitted only at full recompute (37.357 s, read from the model). The op mesh's peak
+    (backward of layer 79, micro-batch 1): state 16 B x 551,211,136 parameters a rank = 8.21 GiB; layers
+    79 and 78 gathered, 2 x 816 MiB (427.8 M parameters a layer / tp 2 x 2 B); the head's fp32 gradient
+    in its reduce-scatter, 128,256 x 8192 / 2 x 4 B = 2004 MiB, and w_out's unsharded gradient 8192 x
+    14336 x 2 B = 224 MiB; the saved 80 x 681 MiB with layer 79's recomputed 616 MiB less w_out's saved
+    input (224, freed); the SiLU backward's working set 672 MiB and 64 MiB beside (read); NCCL 256 MiB,
+    cuBLAS 32 MiB: 66.57 GiB, 0.67 GiB = 1.0% free. The tp 4 mesh: the same state, 80 x 648.5 MiB =
+    50.66 GiB, peak 61.55 GiB (read).
+
+    Step = compute + exposed communication (32.050 = 30.636 + fsdp 0.155 + tp 1.259; 32.968 = 29.669 +
+    0.297 + 3.002). Exposed tp: per layer and micro-batch torchtitan's SP runs 2 all-gathers and 2
+    reduce-scatters of 8192 x 8192 bf16 (134,217,728 B) forward, as many backward, and op's replay the 2
+    all-gathers again: 10 at tp 2, each rank receiving half at the 342.9 GB/s NVLink bus bandwidth the
+    plan's collective table gives, 0.1957 ms; 8 at tp 4, three quarters, 0.2914 ms: 80 x 8 x 10 x 0.1957 =
+    1.252 s against 80 x 16 x 8 x 0.2914 = 2.984 s (the rest, the head's and the norm weights', read).
+    Compute +0.967 s: GEMMs +2.181 s (op's replay of wk, wo, w_up, 2.305 s:
+    test_compute_difference_names_its_largest_part), memory-bound +0.546 s (the norms, RoPE and SiLU
+    replayed), attention and FSDP2's copies the same (SDPA saved; the same bytes a GPU), SM contention
+    -1.760 s: FSDP's collectives of a layer's 1/tp share cross the nodes once per micro-batch; a node
+    holds 4 members of each of 2 dp_shard groups at tp 2, 2 of each of 4 at tp 4, so its NICs carry the
+    same bytes per micro-batch (2 x 1/2 against 4 x 1/4 of a layer), 8 micro-batches against 16: 553.6
+    against 1089.6 GB per NIC a step (step's edge load, read), and NCCL's network rings hold their 16 of
+    the 132 SMs half as long (1.915 against 3.674 s, read). So the op mesh saves 1.742 s of tp and 0.142 s
+    of fsdp exposure for 0.967 s of compute: 0.918 s, 2.8%."""
+    from meshplan.memory.activations import layer_bytes
+    from meshplan.memory.layer_dims import LayerDims
+    c, (top, two) = q1_search.candidates, q1_search.top[:2]
+    assert c.label(top.index) == "dp_shard 64 x tp 2, mb 1, op, vpp 1, zero3"
+    assert c.label(two.index) == "dp_shard 32 x tp 4, mb 1, none, vpp 1, zero3"
+    MiB, GiB = 2 ** 20, 2 ** 30
+    dims = LayerDims(s=8192, b=1, h=8192, a=64, g=8, d=128, f=28672, gated=True, dropout=False)
+    op2 = 2 * 8192 * (4096 + 4096 + 512 + 4096 + 14336 + 8192 + 2 * 4096) + 4 * 32 * 8192
+    none4 = 2 * 8192 * (4 * 2048 + 2048 + 2 * 256 + 2048 + 4 * 7168) + 4 * 16 * 8192
+    assert (op2 / MiB, none4 / MiB) == (681, 648.5)
+    assert layer_bytes(dims, tp=2, sp=True, recompute="op", flash=True) == op2
+    assert layer_bytes(dims, tp=4, sp=True, recompute="none", flash=True) == none4
+    assert 80 * layer_bytes(dims, tp=2, sp=True, flash=True) / GiB > 79.11 * 0.85   # none at tp 2: 101.3 GiB
+    state, gathered, grads = 16 * 551_211_136 / GiB, 2 * 816 * MiB / GiB, (2004 + 224) * MiB / GiB
+    saved, read = (80 * 681 + 616 - 224) * MiB / GiB, (672 + 64 + 256 + 32) * MiB / GiB
+    assert (round(state + gathered + grads + saved + read, 2), round(top.peak_bytes / GiB, 2)) == (66.57, 66.57)
+    assert round(two.peak_bytes / GiB, 2) == 61.55
+    tp2, tp4 = 80 * 8 * 10 * 0.1957e-3, 80 * 16 * 8 * 0.2914e-3
+    assert (round(tp2, 3), round(tp4, 3)) == (1.252, 2.984)
+    assert round(0.5 * 134_217_728 / 342.9e9 * 1e3, 4) == 0.1957
+    a, b = top.breakdown, two.breakdown
+    assert 0 < a["exposed tp"] - tp2 < 0.01 and 0 < b["exposed tp"] - tp4 < 0.02   # head, norm weights beside
+    assert (round(top.step_s, 3), round(two.step_s, 3)) == (32.050, 32.968)
+    assert (round(a["compute"] - b["compute"], 3), round(a["exposed fsdp"] - b["exposed fsdp"], 3)) == (0.967, -0.142)
 
 
 @pytest.mark.slow
@@ -202,12 +286,15 @@ def test_search_warns_when_a_row_fits_only_without_fragmentation(q1_search):
     67.24 - 61.53 = 5.7 GiB = 8.5% free (it was 67.06 - 61.53 = 5.5 = 8.2% of the trial's 74.5 GiB x 0.9), under the
     15% PyTorch's caching allocator was measured to fragment (ALLOCATOR_FRAGMENTATION, GMLake),
     at the default fragmentation_fraction 0: a warning names the row and the [memory] knob; with the
-    allowance planned at 15% there is none."""
+    allowance planned at 15% there is none.
+    nc57 #7b: #1 is now dp_shard 64 x tp 2 at op (test_op_at_tp2_is_the_top_by_hand), peak 66.57 GiB:
+    67.24 - 66.57 = 0.67 GiB = 1.0% free, named the same way; dp_shard 32 x tp 4 is #2."""
     from meshplan.report.search import headroom_lines
     (line,) = headroom_lines(q1_search)
-    assert line.startswith("warning: rows 1, ")
-    assert "(#1 dp_shard 32 x tp 4, mb 1, none, vpp 1, zero3: peak 61.5 of 67.2 GiB, 5.7 GiB = 8.5% free) at " \
+    assert line.startswith("warning: rows 1, 2, ")
+    assert "(#1 dp_shard 64 x tp 2, mb 1, op, vpp 1, zero3: peak 66.6 of 67.2 GiB, 0.7 GiB = 1.0% free) at " \
            "[memory] fragmentation_fraction 0%" in line
+    assert round((79.11 * 0.85 - 66.57) / (79.11 * 0.85), 3) == 0.010
     assert line.endswith("set [memory] fragmentation_fraction = 0.15 to plan with it")
     cfg = q1_search.config
     allowed = dataclasses.replace(q1_search, config=dataclasses.replace(
@@ -252,17 +339,21 @@ def test_best_rejected_never_prints_zero_percent(q1_search):
     tiny difference the trial saw is held by ``relative`` on its own numbers (-0.026%, its doctests
     the rest). kvheads: without the repeat_kv copies (torch's SDPA reads the KV heads, ``[memory]
     kv_expanded`` false) the top is 32.9677 s and the best rejected 31.747 s, 3.70% shorter (read from the
-    model); the tail unchanged (w 7.8931 ms, h 0)."""
+    model); the tail unchanged (w 7.8931 ms, h 0).
+    nc57 #7b: the top is dp_shard 64 x tp 2 at op, 32.0502 s (test_op_at_tp2_is_the_top_by_hand); the best
+    rejected is unchanged (31.7468 s), 31.7468 / 32.0502 - 1 = -0.95%, printed "0.95% shorter". The
+    tail above is dp_shard 32 x tp 4's, now #2, checked on that row."""
     from meshplan.plan import build_plan
     from meshplan.report.search import rejected_lines
     from meshplan.search.candidate import candidate_config
     from meshplan.search.explain import relative
-    b, top = q1_search.best_rejected, q1_search.top[0]
+    b, top, tp4 = q1_search.best_rejected, *q1_search.top[:2]
     assert q1_search.candidates.label(b.index).startswith("pp 8 x dp_shard 4 x tp 4")
+    assert q1_search.candidates.label(tp4.index).startswith("dp_shard 32 x tp 4, mb 1, none")
     rel = b.step_s / top.step_s - 1
-    assert round(rel, 4) == -0.0370
-    tail, step = tail_of(build_plan(candidate_config(q1_search.config, q1_search.candidates, top.index)))
-    assert step == pytest.approx(top.step_s, abs=1e-9) and round(top.step_s, 4) == 32.9677
+    assert (round(b.step_s, 4), round(top.step_s, 4), round(rel, 4)) == (31.7468, 32.0502, -0.0095)
+    tail, step = tail_of(build_plan(candidate_config(q1_search.config, q1_search.candidates, tp4.index)))
+    assert step == pytest.approx(tp4.step_s, abs=1e-9) and round(tp4.step_s, 4) == 32.9677
     assert (round(tail.w * 1e3, 4), round(tail.h * 1e3, 4), tail.m) == (7.8931, 0.0, 16)  # read from the model
     text = rejected_lines(q1_search)[1]
     assert f"({abs(rel):.2%} shorter than the top)" in text and "0.0%" not in text

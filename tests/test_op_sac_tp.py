@@ -70,25 +70,26 @@ def test_without_sequence_parallel_is_refused():
         _plan("op", sp=False)
 
 
-def test_search_note_gives_the_true_reason_for_tp_1():
-    """The search keeps op to tp = cp = 1 although plan models it at tp > 1. Its step-time bound
-    (search.layer_bounds.chains) once replayed op as full, adding the blocks' tp reduce-scatters that
-    the policy saves; it now replays op as the timeline does (tests/test_search_op_sac.py, where op is
-    searched at ep > 1 and with MLA), but is checked against simulated steps at tp 1 only, which is
-    what the note says; not that the TP collectives are unmodelled (they are, above)."""
+def test_search_note_gives_the_true_reason_for_cp_1():
+    """The search plans op at any tp since nc57 #7 (its step-time bound replays op as the timeline does,
+    tp all-gathers repeated, closing collectives saved, checked at tp > 1 in tests/test_search_op_sac.py),
+    and only at cp = 1, where plan refuses it. With cp 1 in the whole space (8 GPUs, seq 1024, [search] cp
+    [1]) there is no note; with cp > 1 rows the note names cp, not tp."""
     from meshplan.search.settings_notes import settings_notes
     from meshplan.search.space import RECOMPUTE, enumerate_candidates
 
-    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-                            "training": {"global_batch": 8, "seq_len": 1024},
-                            "search": {"recompute": ["full", "op"]}}, require_mesh=False)
+    base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 8, "seq_len": 1024}}
+    cfg = config_from_dict(base | {"search": {"recompute": ["full", "op"], "cp": [1]}}, require_mesh=False)
     c = enumerate_candidates(cfg)
     op = c.rc == RECOMPUTE.index("op")
-    assert op.any() and (c.tp[op] == 1).all() and (c.tp > 1).any()
+    assert set(c.tp[op].tolist()) == {1, 2, 4, 8}
+    assert not [n for n in settings_notes(cfg, c) if n.startswith("recompute 'op'")]
+    cfg = config_from_dict(base | {"search": {"recompute": ["full", "op"]}}, require_mesh=False)
+    c = enumerate_candidates(cfg)
+    op = c.rc == RECOMPUTE.index("op")
+    assert (c.cp[op] == 1).all() and (c.cp > 1).any() and (c.tp[op] > 1).any()
     note = [n for n in settings_notes(cfg, c) if n.startswith("recompute 'op'")]
-    assert note == ["recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = 1 "
-                    "only (any ep, multi-head latent attention too): plan models it at tp > 1 with sequence "
-                    "parallelism (its replay repeats the tp all-gathers), but the search's step-time pruning "
-                    "(search.timing) is not checked there; with cp > 1 plan refuses it (which CP collectives its "
-                    "replay runs is not modelled)"]
-    assert "not modelled yet" not in note[0]
+    assert note == ["recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with cp = 1 "
+                    "only (any tp, ep, multi-head latent attention too): with cp > 1 plan refuses it (which CP "
+                    "collectives its replay runs is not modelled)"]

@@ -170,9 +170,15 @@ def test_search_says_what_selective_models():
 
 def test_torch_search_leaves_selective_out_by_default(mini):
     """searchtie item 2: under torch the default search varies none, full and op only (torchtitan
-    has no core-attention recompute), and a note says so."""
-    rc = {int(x) for x in mini.candidates.rc}
-    assert rc == {0, 2} and any("recompute 'selective' is not searched" in n for n in mini.notes)  # none, full
+    has no core-attention recompute), and a note says so. The narrowed mini search is at tp 2, cp 1:
+    until op was searched at tp > 1 (nc57 #7b: op_recompute_ok is cp = 1) it held none and full alone;
+    now op too, one op row beside each none row (space.py's doctest: one per none row at cp 1), and still no
+    selective (RECOMPUTE: none 0, selective 1, full 2, op 3; no per-layer 'layer' without ep > 1 or MLA)."""
+    from meshplan.search.columns import RECOMPUTE
+    c = mini.candidates
+    rc = {RECOMPUTE[int(x)] for x in c.rc}
+    assert rc == {"none", "full", "op"} and any("recompute 'selective' is not searched" in n for n in mini.notes)
+    assert (c.rc == RECOMPUTE.index("op")).sum() == (c.rc == RECOMPUTE.index("none")).sum()
     assert recompute_lines(mini) == []
 
 

@@ -170,7 +170,24 @@ def test_rows_are_distinct_meshes_the_page_carries_every_line(tmp_path, capsys):
     x cp 2 x tp 4 at full (1.443 s), row 3 dp_replicate 2 x dp_shard 8 x cp 2 x tp 4 at full (1.441 s); dp_shard
     16 x tp 8 row 4, shown at none resharded (1.463 s, 27.5% free); dp_shard 8 x cp 2 x tp 8 row 8, shown
     at micro-batch 2, none (1.535 s, 27.3% free); dp_replicate 4 x dp_shard 4 x tp 8 leaves the top 10.
-    The rows shown at a safer setting are 4 and 8.)"""
+    The rows shown at a safer setting are 4 and 8.)
+    (nc57 #7b, torchtitan's op-level SAC searched at tp > 1: dp_shard 16 x tp 8 (1 micro-batch of 8192
+    per rank) is row 1, shown at op kept gathered, 1.328 s, 35.7% free. By hand against its fastest
+    setting, none kept gathered (1.187 s, 67.80 GiB, 4.8% free): per layer op keeps the layer input, wq,
+    wv, the SDPA output, the lse, w_gate, w_down's partial sums and the two reduce-scatter outputs, 16 +
+    16 + 2 + 16 + 0.25 + 56 + 128 + 16 + 16 = 266.25 MiB, where none keeps 548.25 (the two all-gathered
+    GEMM inputs 128 MiB each, the two norm inputs, q, k, v, context 16 + 16 + 16 + 2 + 2 + 16, lse,
+    gate, SiLU, up, w_out input 4 x 56): 80 x 282 MiB = 22.03 GiB less, 45.8 GiB. Its replay runs wk,
+    wo, w_up again (8192 x 128 x 8192, 8192 x 8192 x 1024, 8192 x 3584 x 8192 at the catalog's 262,
+    672, 727 TFLOP/s: 80 x 0.932 ms = 74.5 ms) and the layer's 2 tp all-gathers (80 x 2 x 0.3407 ms
+    = 54.5 ms exposed), the norms, RoPE and SiLU (19.2 ms), less 7.1 ms of SM contention and fsdp
+    exposure (read): 1.187 + 0.141 = 1.328 s, under
+    none resharded (1.463 s: the backward's re-gathers over 16 nodes exposed, row 4's setting before).
+    dp_replicate 2 x dp_shard 8 x tp 8 at op kept gathered (1.338 s) is row 2, inside the 1% band, one
+    axis more; dp_replicate 4 x dp_shard 4 x tp 8 comes back as row 7 at op resharded (1.525 s, 32.3%
+    free; op kept gathered, 1.359 s, keeps 9.6%: with dp_shard 4 every layer's gathered 1/8 stays). The
+    steps of rows 2 and 7 and the order of the rest are READ from the model (the search). The rows shown
+    at a safer setting are 1, 7 and 9.)"""
     out, page, doc = _llama70(tmp_path, capsys)
     text = " ".join(re.sub("[│┃]", " ", out).split())
     meshes = [tuple(sorted(d["mesh"].items())) for d in doc["top"]]
@@ -178,19 +195,31 @@ def test_rows_are_distinct_meshes_the_page_carries_every_line(tmp_path, capsys):
     assert "top 10 distinct meshes:" in text and "one row per distinct mesh (axis degrees)" in text
     assert all(d["recompute"] != "selective" for d in doc["top"] + doc["placed"])
     assert "recompute 'selective' is not searched under training.framework \"torch\"" in text
-    lines = [x for x in out.splitlines() if x.startswith(("the top is exact", "row 8 (", "order:", "row 1's mesh"))]
+    lines = [x for x in out.splitlines() if x.startswith(("the top is exact", "row 9 (", "order:", "row 1's mesh"))]
     assert len(lines) == 4
     flat = " ".join(html.unescape(re.sub("<[^>]+>", " ", page)).split())
-    for head in ("the top is exact: every candidate not planned", "row 4 (dp_shard 16 x tp 8) is shown at",
-                 "row 8 (dp_shard 8 x cp 2 x tp 8) is shown at", "order: by predicted step time",
-                 "row 1's mesh (pp 16 x tp 8)"):
+    for head in ("the top is exact: every candidate not planned",
+                 "row 1 (dp_shard 16 x tp 8) is shown at mb 1, op, vpp 1, zero3, keep gathered (1.328 s, 35.7% free)",
+                 "row 7 (dp_replicate 4 x dp_shard 4 x tp 8) is shown at", "row 9 (dp_shard 8 x cp 2 x tp 8) is shown at",
+                 "order: by predicted step time", "row 1's mesh (dp_shard 16 x tp 8)"):
         assert head in text and head in flat
+    # row 1's setting by hand (docstring): op keeps 266.25 MiB a layer where none keeps 548.25; its replay
+    op, none = 16 + 16 + 2 + 16 + 0.25 + 56 + 128 + 16 + 16, 16 + 128 + 16 + 2 + 2 + 0.25 + 16 + 16 + 128 + 4 * 56
+    assert (op, none, round(80 * (none - op) / 1024, 2)) == (266.25, 548.25, 22.03)
+    shown = doc["top"][0]
+    assert "1a mb 1, none, vpp 1, zero3, keep gathered (1.187 s, peak 67.80 GiB)" in text
+    assert (shown["recompute"], round(shown["step_s"], 3)) == ("op", 1.328)
+    assert round(shown["peak_bytes"] / 2 ** 30, 2) == round(67.80 - 80 * (none - op) / 1024, 2) == 45.77
+    replay = 80 * 2 * 8192 * (128 * 8192 / 262.1 + 8192 * 1024 / 671.9 + 3584 * 8192 / 727.0) / 1e12
+    gathers = 80 * 2 * 0.3407e-3   # 7/8 of 134,217,728 B at 344.7 GB/s NVLink bus bandwidth (plan's table)
+    # the rest: the norms', RoPE's and SiLU's replay (+19.2 ms) less contention and fsdp exposure (-7.1 ms), read
+    assert round(replay + gathers, 3) == 0.129 and 0 < (1.328 - 1.187) - (replay + gathers) < 0.015
     # the placed candidates are in the rule's order, the rows shown at a slower setting after them
     assert sorted(d["row"] for d in doc["placed"] if d["listed"]) == list(range(1, 11))
     tiers = doc["headroom_tiers"]
     assert tiers["line"] is None and tiers["tight_rows"] == []  # each mesh shown at a setting that keeps 15%
     at = {d["index"]: k for k, d in enumerate(doc["top"], 1)}
-    assert sorted(at[x["shown"]] for x in tiers["safer"]) == [4, 8]   # [1, 8] before kvheads, [4, 6] in nc52fixC, [3, 10] in nc53fixA, [3, 6] before, [3, 4, 9] before nic49
+    assert sorted(at[x["shown"]] for x in tiers["safer"]) == [1, 7, 9]   # [4, 8] before op at tp > 1, [1, 8] before kvheads, [4, 6] in nc52fixC, [3, 10] in nc53fixA, [3, 6] before, [3, 4, 9] before nic49
     assert "warning: rows" not in text
     assert {tuple(sorted(d["mesh"].items())) for d in doc["placed"]} == set(meshes)
     assert list(jsonschema.Draft202012Validator(schema_of("search")).iter_errors(doc)) == []

@@ -196,7 +196,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     host memory than cluster.node.host_memory_gb is rejected, rule 'host', as plan rejects it.
 
     Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
-    (op-level "op" under framework torch, tp = cp = 1; Megatron's "selective" under torchtitan only
+    (op-level "op" under framework torch, cp = 1; Megatron's "selective" under torchtitan only
     where [search] recompute lists it; torchtitan's per-layer "layer", every 2nd layer, its default, with
     ep > 1 or MLA beside op, elsewhere only where [search] recompute lists it: it adds ~40% to a dense
     search's time; under framework megatron Megatron-LM's block recompute, shown "block n/k", the first n of

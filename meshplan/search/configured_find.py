@@ -84,15 +84,14 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
 
 def _op_limit(cfg: Config, mesh: Mesh, key: str, value: int) -> Optional[str]:
     """Why recompute "op", which ``[search] recompute`` lists, is not searched at ``mesh``: the search
-    plans it only at tp = cp = 1 (:func:`meshplan.search.space_recompute.op_recompute_ok`); None
+    plans it only at cp = 1 (:func:`meshplan.search.space_recompute.op_recompute_ok`); None
     for another column or value, or where that is not the reason."""
     if key != "rc" or RECOMPUTE[value] != "op" or "op" not in searched_recompute(cfg):
         return None
-    over = [f"{n} {mesh.degree(n)}" for n in ("tp", "cp") if mesh.degree(n) > 1]
-    if not over:
+    if mesh.degree("cp") <= 1:
         return None
-    return (f"recompute op is searched only at tp = cp = 1 (its step-time bound is not checked otherwise); this "
-            f"mesh has {', '.join(over)}")
+    return (f"recompute op is searched only at cp = 1 (plan refuses it with cp > 1: which CP collectives its "
+            f"replay runs is not modelled); this mesh has cp {mesh.degree('cp')}")
 
 
 def _absent(word: str, key: str, value: int, searched) -> str:

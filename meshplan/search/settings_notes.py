@@ -20,7 +20,7 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
     """Where ``training.grad_accumulation``, ``training.fp8_all_gather``, ``training.zero3_engine`` or
     ``training.pp_schedule_runs`` does not apply to
     every candidate (:func:`meshplan.search.candidate.candidate_config`), one line saying how those
-    candidates were planned; where ``recompute = "op"`` is searched on some candidates only (tp = cp = 1:
+    candidates were planned; where ``recompute = "op"`` is searched on some candidates only (cp = 1:
     :func:`meshplan.search.space_recompute.op_recompute_ok`), one line saying so; under torchtitan, that
     ``selective`` is not searched (:func:`meshplan.search.space_recompute.searched_recompute`), or, where
     ``[search] recompute`` lists it, that it is searched (plan accepts it under torch, so the
@@ -84,7 +84,7 @@ def _engine_notes(cfg: Config, c: Candidates) -> list[str]:
 def _recompute_notes(cfg: Config, c: Candidates) -> list[str]:
     """:func:`settings_notes`' lines on recompute under torch: ``selective`` not searched (or searched
     because ``[search] recompute`` lists it, and what torchtitan runs of it); ``op`` searched on
-    candidates with tp = cp = 1 only (:func:`meshplan.search.space_recompute.op_recompute_ok`), with
+    candidates with cp = 1 only (:func:`meshplan.search.space_recompute.op_recompute_ok`), with
     ``layer`` beside it where :func:`~meshplan.search.space_recompute.layer_for_op` adds it."""
     t, out = cfg.training, []
     if t.has_op_recompute and "selective" in cfg.search.recompute and "recompute" not in cfg.search.model_fields_set:
@@ -98,12 +98,10 @@ def _recompute_notes(cfg: Config, c: Candidates) -> list[str]:
                    "core-attention recompute, which meshplan plan accepts under training.framework \"torch\" but "
                    "torchtitan has no option for (--export --to torchtitan writes such a row as mode \"none\", "
                    "\"full\" without flash attention); for torchtitan's own options list none, op, layer, full")
-    if "op" in cfg.search.recompute and t.has_op_recompute and ((c.tp > 1) | (c.cp > 1)).any():
-        out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = 1 "
-                   "only (any ep, multi-head latent attention too): plan models it at tp > 1 with sequence "
-                   "parallelism (its replay repeats the tp all-gathers), but the search's step-time pruning "
-                   "(search.timing) is not checked there; with cp > 1 plan refuses it (which CP collectives its "
-                   "replay runs is not modelled)"
+    if "op" in cfg.search.recompute and t.has_op_recompute and (c.cp > 1).any():
+        out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with cp = 1 "
+                   "only (any tp, ep, multi-head latent attention too): with cp > 1 plan refuses it (which CP "
+                   "collectives its replay runs is not modelled)"
                    + ("; with ep > 1 or multi-head latent attention 'layer' (every 2nd layer in full) is searched "
                       "beside it" if layer_for_op(cfg) and ((c.ep > 1).any() or cfg.model.is_mla) else ""))
     return out

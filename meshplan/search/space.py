@@ -70,10 +70,14 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 ...                            # not a multiple of pp x vpp: no short-ends interleaved candidate; less zero1
 ...                            # rows without a data axis, their zero3 twins kept (no_data_axis_twin); no
 ...                            # selective under torchtitan (searched_recompute): 2,348 with it, whose
-...                            # 2,124 rows other than op were a third each none, selective, full (-708)
-(1640, 8)
->>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())  # 16 at pp 8 left
-(224, 1)
+...                            # 2,124 rows other than op were a third each none, selective, full (-708);
+...                            # op at tp > 1 too since nc57 #7 (op_recompute_ok: cp = 1): + 144, one op row
+...                            # per none row at cp 1 and tp > 1
+(1784, 8)
+>>> # one per none row at cp 1: 224 at tp 1 (16 at pp 8 left) + 144 at tp 2, 4, 8
+>>> op = c.rc == RECOMPUTE.index("op")
+>>> int(op.sum()), int((op & (c.tp == 1)).sum()), int(c.tp[op].max())
+(368, 224, 8)
 >>> candidate_config(cfg, c, 0).mesh.names, SHARDING[c.sh[0]]  # ZeRO-1: its data axis is dp (axis_shown)
 (['dp'], 'zero1')
 """

@@ -12,10 +12,15 @@ from meshplan.config import Config
 
 
 def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray) -> np.ndarray:
-    """Where ``recompute = "op"`` is searched: tp = cp = 1, at any ep and with multi-head latent
+    """Where ``recompute = "op"`` is searched: cp = 1, at any tp, any ep and with multi-head latent
     attention too. :func:`meshplan.plan.build_plan` refuses cp > 1 (which CP collectives its replay
-    runs is not modelled); it plans tp > 1 with sequence parallelism (the replay repeats the tp
-    all-gathers), which the search leaves out (its step-time bound is not checked there). At ep > 1
+    runs is not modelled). At tp > 1 (with sequence parallelism) the replay repeats the tp all-gathers
+    and none of the blocks' closing collectives, whose outputs the policy saves
+    (``layer_timeline.replay_scatters``), and the bound replays it so
+    (:func:`meshplan.search.layer_chains.chains`); checked against every op row's simulated step and
+    exact peak at tp 2, 4 and 8 (tests/test_search_op_sac.py; nc57 #7: torchtitan's default op SAC
+    with TP had never been searched: 174 op rows at tp > 1 of a dense and an MoE 8-GPU search, no
+    step or memory bound crossed). At ep > 1
     and with MLA the bound (:func:`meshplan.search.layer_chains.chains`) replays op without the EP
     all-to-alls and the closing TP collectives, whose outputs the policy saves, as the rank timeline
     does (``layer_timeline.forward_layer``); checked against every candidate's simulated step on an
@@ -25,9 +30,9 @@ def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray)
     >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
     ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
     >>> op_recompute_ok(cfg, np.array([1, 2, 1]), np.array([1, 1, 2]), np.array([1, 1, 1])).tolist()
-    [True, False, False]
+    [True, True, False]
     """
-    return (tp == 1) & (cp == 1)
+    return cp == 1
 
 
 def searched_recompute(cfg: Config) -> list[str]:

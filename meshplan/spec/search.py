@@ -101,7 +101,7 @@ class SearchOptions(BaseModel):
       contract's ``micro_batch`` is ignored, its ``global_batch`` and ``seq_len`` are kept).
     - ``recompute``: allowed policies (default all four: ``none``, ``selective``, ``full``, and
       torchtitan's op-level selective AC ``op``, searched under ``training.framework = "torch"``
-      with FSDP2 only, on candidates with tp = cp = 1 (any ep, MLA too): Megatron-LM and
+      with FSDP2 only, on candidates with cp = 1 (any tp and ep, MLA too): Megatron-LM and
       DeepSpeed have no such policy, and a config listing it for them gets an error naming
       ``search.recompute``; where torchtitan runs the rows the default leaves ``selective``,
       Megatron-LM's core-attention recompute, out, and a list naming it searches it:
