@@ -262,3 +262,19 @@ def test_bubble_hint_offers_fewer_schedule_runs(tmp_path, capsys):
     assert code == 0
     assert ("pp 4, 14 micro-batches per step in 14 schedule runs of 1): shorter with training.pp_schedule_runs = 2 "
             f"(2 schedule runs of 7 micro-batches) (step {want},") in flat
+
+
+def test_bubble_hint_in_a_b5bcd76_registry_names_num_pp_microbatches(tmp_path):
+    """The same 14 runs of 1 read from a b5bcd76 config registry (torchtitan, op_sac_policy b5bcd76): that
+    revision has no training.local_batch_size (batch in tokens, keymaps.keymap_of); its micro-batches a run
+    are parallelism.num_pp_microbatches, so the hint's r 2 is 14 / 2 = 7 of them (the 9810191 words would
+    say local_batch_size = 1 x 14 / 2 = 7 too, under another key)."""
+    from meshplan.schedule.bubble_hint import _one_run
+    path = tmp_path / "runs.toml"
+    path.write_text(LLAMA_RUNS, encoding="utf-8")
+    base = load_config(path)
+    old = replace(base, origin="torchtitan")
+    new = replace(old, training=old.training.model_copy(update={"op_sac_policy": "b5bcd76"}))
+    assert _one_run(build_plan(new))[0][0].startswith("parallelism.num_pp_microbatches = 7 (training.pp_schedule_runs 2:")
+    assert _one_run(build_plan(old))[0][0].startswith("training.local_batch_size = 7 (training.pp_schedule_runs 2:")
+    assert _one_run(build_plan(base))[0][0].startswith("training.pp_schedule_runs = 2 (2 schedule runs of 7")

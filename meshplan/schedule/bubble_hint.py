@@ -263,7 +263,9 @@ def _one_run(plan: Plan) -> list[Knob]:
     the step's m micro-batches in the fewest runs r (a divisor of the configured runs) whose m / r the
     schedule takes (:meth:`~meshplan.pipeline.base.PipelineSchedule.refused`: torch's interleaved 1F1B
     needs a multiple of its rounds), at the same global batch and micro-batch. In a torchtitan job TOML
-    that is ``training.local_batch_size`` = micro-batch x m / r (global = local x dp x runs).
+    that is ``training.local_batch_size`` = micro-batch x m / r (global = local x dp x runs); in a
+    b5bcd76 config registry (batch in tokens: ``keymaps.keymap_of``) ``parallelism.num_pp_microbatches``
+    = m / r (the run's micro-batches; global tokens = dp x runs x m / r x tokens a micro-batch).
     Newcomer trial nc58 #3: DeepSeek-V3 at pp 16, local 1, 120 runs of one micro-batch idled 95% of the
     step with no hint naming the batch keys."""
     t, m = plan.config.training, plan.micro_batches
@@ -273,8 +275,12 @@ def _one_run(plan: Plan) -> list[Knob]:
     if runs is None:
         return []
     each = f"{runs} schedule run{'s' if runs > 1 else ''} of {counted(m // runs, 'micro-batch')}"
-    words = (f"training.local_batch_size = {t.micro_batch * m // runs} (training.pp_schedule_runs {runs}: {each})"
-             if plan.config.origin == "torchtitan" else f"training.pp_schedule_runs = {runs} ({each})")
+    if plan.config.origin != "torchtitan":
+        words = f"training.pp_schedule_runs = {runs} ({each})"
+    elif t.op_sac_policy == "b5bcd76":  # a b5bcd76 registry: no local_batch_size (nclose's note)
+        words = f"parallelism.num_pp_microbatches = {m // runs} (training.pp_schedule_runs {runs}: {each})"
+    else:
+        words = f"training.local_batch_size = {t.micro_batch * m // runs} (training.pp_schedule_runs {runs}: {each})"
     return [(words, {"pp_schedule_runs": runs}, None)]
 
 
