@@ -11,9 +11,7 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
 2. **Vectorised estimate** (:mod:`meshplan.search.estimate` over :mod:`meshplan.search.memory`,
    :mod:`meshplan.search.bounds`, :mod:`meshplan.search.timing`):
    exact persistent state, a lower and an upper bound on the memory-timeline peak, a lower
-   bound on the step time, the efficiency of the local GEMMs, all as numpy arrays; the GEMMs'
-   efficiency here (it fills the op tables), then the bounds of each pp degree's candidates on the
-   exact plans' pool (:func:`~meshplan.search.estimate.estimate_groups`), forked after it.
+   bound on the step time, the efficiency of the local GEMMs, all as numpy arrays.
 3. **Memory**: a lower bound above usable memory rejects, an upper bound within it keeps;
    a candidate in between ("near the memory limit") is planned exactly
    (:func:`meshplan.plan.build_plan`). Under DeepSpeed ZeRO-Offload (``training.offload_optimizer =
@@ -54,7 +52,7 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
 
 Exact ties (after the tie rule's keys) are broken by enumeration index, the same in the
 exhaustive check.
-Exact plans (and step 2's pp groups) run on ``workers`` forked processes (default: the CPUs this process may use).
+Exact plans run on ``workers`` forked processes (default: the CPUs this process may use).
 The output does not depend on the clock or on ``workers``: every budget is a count, the
 ranking plans :data:`~meshplan.search.best_first.RANK_BATCH` candidates a round whatever the pool's size, and the pool
 returns results in job order. Only ``wall_s`` and ``timings`` are measured times.
@@ -83,7 +81,7 @@ from meshplan.search.best_first import (BOUND, GEMM, MEMORY, RULE, Progress, Run
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE, SHARDING, Candidates
 from meshplan.search.configured import Configured, configured
-from meshplan.search.estimate import Estimates, estimate_groups, estimate_start, refine
+from meshplan.search.estimate import Estimates, estimate, refine
 from meshplan.search.exact import PLAN_ONLY, Exact, Planner, Pool
 from meshplan.search.host_memory import host_over
 from meshplan.search.explain import SPLIT_PARTS, Explanation, explain
@@ -183,17 +181,16 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     decided = np.where(code == OK, 0, RULE)
     clock("enumerate")
     tt = TimeTables(cfg, Tables(cfg))
-    est, groups = estimate_start(cfg, c, code, tt)  # before the fork: the workers inherit its tables and c.rm
+    est = estimate(cfg, c, code, tt)
+    clock("estimate")
+    usable = usable_bytes(cfg.cluster, cfg.training)
+    valid, over = _memory_bounds(cfg, c, code, decided, est, usable, o.memory_margin)
+    above = est.gemm >= o.min_gemm_efficiency
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     pool = Pool(Planner(cfg, c), workers)
+    run = Runner(pool, code, decided, progress, est, o.memory_margin)
+    notes = run.notes
     try:
-        estimate_groups(est, groups, pool)  # the pp groups' bounds on the pool
-        clock("estimate")
-        usable = usable_bytes(cfg.cluster, cfg.training)
-        valid, over = _memory_bounds(cfg, c, code, decided, est, usable, o.memory_margin)
-        above = est.gemm >= o.min_gemm_efficiency
-        run = Runner(pool, code, decided, progress, est, o.memory_margin)
-        notes = run.notes
         apply = threshold_applies(valid & ~over & above, decided, est, run)
         ranking = _ranking(cfg, c, code, est, run, tt, above | (not apply), clock)
         top, proven, fastest = ranking.top, ranking.proven, ranking.fastest

@@ -79,86 +79,27 @@ def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTabl
     """The vectorised pass over every candidate that passed the validity rules; ``tt``: op
     and path tables to fill and reuse (:func:`refine` takes them too). Sets ``block`` rows' least n
     (:attr:`~meshplan.search.columns.Candidates.rm`, in place; :func:`~meshplan.search.block_bounds.least_block`),
-    which their step bound counts replays of. In one process: :func:`estimate_start`, then
-    :func:`estimate_groups` without a pool (the search runs the second on its pool)."""
-    est, groups = estimate_start(cfg, c, code, tt)
-    estimate_groups(est, groups)
-    return est
-
-
-@dataclass
-class Groups:
-    """What :func:`estimate_groups` needs after :func:`estimate_start`: the config, its tables (their
-    op times filled for every shape by the local GEMMs' efficiency), the candidates that passed the
-    rules (``sub``, their indices ``ok``) and one job (pp, rows of ``sub``) per pipeline degree."""
-
-    cfg: Config
-    tt: TimeTables
-    sub: Candidates
-    ok: np.ndarray
-    jobs: list[tuple[int, np.ndarray]]
-
-
-#: The :class:`Groups` a forked worker of the search's pool inherits (set by :func:`estimate_start`
-#: before the driver forks it, as :data:`meshplan.search.exact._WORKER`), read by :func:`group_job`.
-_FORKED: Optional[Groups] = None
-
-
-def estimate_start(cfg: Config, c: Candidates, code: np.ndarray,
-                   tt: Optional[TimeTables] = None) -> tuple[Estimates, Groups]:
-    """The first part of :func:`estimate`, in this process: NaN arrays, the ``block`` rows' least n and
-    every candidate's local GEMM efficiency (which asks the op table of every shape key, so that
-    workers forked after it inherit them), and the pp groups :func:`estimate_groups` evaluates, largest
-    first (rows x sqrt(pp): the 405B example's pp 16 and pp 32 groups took half its bound's time)."""
-    global _FORKED
+    which their step bound counts replays of."""
     n = len(c)
     est = Estimates(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan),
                     np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
     ok = np.flatnonzero(code == OK)
+    if not len(ok):
+        return est
     tt = tt or TimeTables(cfg, Tables(cfg))
+    tables = tt.tables
     sub = c.take(ok)
-    jobs: list[tuple[int, np.ndarray]] = []
-    if len(ok):
-        if c.rm is not None and sub.rm is not None:  # before the step bounds, which count the least n's replays
-            c.rm[ok] = sub.rm[:] = least_block(cfg, tt.tables, sub)
-        est.gemm[ok] = gemm_efficiency(cfg, tt, sub)
-        jobs = [(int(p), np.flatnonzero(sub.pp == p)) for p in np.unique(sub.pp)]
-        jobs.sort(key=lambda j: -len(j[1]) * float(j[0]) ** 0.5)
-    _FORKED = Groups(cfg, tt, sub, ok, jobs)
-    return est, _FORKED
-
-
-def estimate_groups(est: Estimates, groups: Groups, pool=None) -> None:
-    """The rest of :func:`estimate`, in place: per pp group the peak's bounds, the step's lower bound and the
-    ZeRO-Offload host share (:func:`group_job`), on ``pool`` (:class:`~meshplan.search.exact.Pool`, forked after
-    :func:`estimate_start`: its workers read ``groups`` from their copy of :data:`_FORKED`) or here. Each group's
-    numbers are the same whichever process computes them (pure functions of the candidates and the tables)."""
-    global _FORKED
-    jobs = [(p, idx) for p, idx in groups.jobs]
-    got = pool.map_fn(group_job, jobs) if pool is not None else [_group(groups, p, idx) for p, idx in jobs]
-    if _FORKED is groups:  # the workers keep their copies; this process holds the tables no longer
-        _FORKED = None
-    for (_, idx), (lo, hi, step, numel, per) in zip(jobs, got):
-        at = groups.ok[idx]
-        est.peak_lo[at], est.peak_hi[at], est.step_lo[at] = lo, hi, step
-        est.host_numel[at], est.host_per_element[at] = numel, per
-
-
-def group_job(job: tuple[int, np.ndarray]) -> tuple[np.ndarray, ...]:
-    """:func:`_group` of ``job`` (pp, rows) on the :class:`Groups` this process inherited (:data:`_FORKED`)."""
-    assert _FORKED is not None, "group_job: no estimate_start before the fork"
-    return _group(_FORKED, *job)
-
-
-def _group(groups: Groups, p: int, idx: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(peak lower bound, peak upper bound, step lower bound, host elements, host bytes per element) of the
-    rows ``idx`` of ``groups.sub``, all of pp ``p`` (:func:`~meshplan.search.bounds.bounds`,
-    :func:`~meshplan.search.timing.step_lower_bound`, :func:`~meshplan.search.host_memory.host_state`)."""
-    cfg, tt = groups.cfg, groups.tt
-    g = groups.sub.take(idx)
-    st = stage_layout(cfg, g, p)
-    s = state(cfg, tt.tables, g, st)
-    lo, hi = bounds(cfg, tt.tables, g, st, s)
-    step = step_lower_bound(cfg, tt, g, st, s)
-    numel, per = host_state(cfg, g, cfg.training.global_batch // (g.mb * g.dp), s)  # ZeRO-Offload's host share
-    return lo.max(axis=1), hi.max(axis=1), step, numel, per
+    if c.rm is not None and sub.rm is not None:  # before the step bounds, which count the least n's replays
+        c.rm[ok] = sub.rm[:] = least_block(cfg, tables, sub)
+    est.gemm[ok] = gemm_efficiency(cfg, tt, sub)
+    for p in np.unique(sub.pp):
+        idx = np.flatnonzero(sub.pp == p)
+        g = sub.take(idx)
+        st = stage_layout(cfg, g, int(p))
+        s = state(cfg, tables, g, st)
+        lo, hi = bounds(cfg, tables, g, st, s)
+        est.peak_lo[ok[idx]], est.peak_hi[ok[idx]] = lo.max(axis=1), hi.max(axis=1)
+        est.step_lo[ok[idx]] = step_lower_bound(cfg, tt, g, st, s)
+        est.host_numel[ok[idx]], est.host_per_element[ok[idx]] = host_state(
+            cfg, g, cfg.training.global_batch // (g.mb * g.dp), s)  # ZeRO-Offload's host share (rule host)
+    return est

@@ -199,14 +199,6 @@ class Pool:
             return [self.planner(j) for j in jobs]
         return self.pool.map(_work, jobs, chunksize=1)
 
-    def map_fn(self, fn, args: list) -> list:
-        """``[fn(a) for a in args]``, in order, on the workers when there are some and more than one
-        ``a``; ``fn``: a module-level function (sent by name), which reads what the workers
-        inherited at the fork (:func:`meshplan.search.estimate.group_job`)."""
-        if self.pool is None or len(args) < 2:
-            return [fn(a) for a in args]
-        return self.pool.map(fn, args, chunksize=1)
-
     def close(self):
         if self.pool is not None:
             self.pool.close()
