@@ -67,8 +67,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
+import numpy as np
+
+from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.kernel_time import issue_floor, memory_op, memory_op_seconds
-from meshplan.compute.measured import KernelData, attention_seconds
+from meshplan.compute.measured import KernelData, attention_seconds, memory_seconds
 from meshplan.compute.ops import Op, Workload
 from meshplan.compute.shapes import Attention
 from meshplan.spec.axes.tp import sdpa_kv_heads
@@ -182,21 +185,63 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
     """
     n_q, n_kv, n_dq = _elements(att, w.kv_expanded)
     rated = rated_calls(data, att, w.cp, w.attention_kernels) if data is not None else None
-    # torch's merge and accumulation kernels; Transformer Engine's ring: none counted
-    kernel_bytes = lambda r: ring_bytes(n_q, n_kv, w.cp, w.torch_eager, r, n_dq, w.cp_alltoall) if applies(w) \
-        else (0, 0)
     best: Optional[tuple[float, int]] = None
-    for rank in range(w.cp):
-        fwd, bwd = kernel_bytes(rank)
-        t = memory_op_seconds(gpu, fwd) + memory_op_seconds(gpu, bwd)
-        if rated is not None:
-            f, b = _rank_sums(rated, w.cp, att.seq_q, rank)
-            t += issue_floor(gpu, f) + issue_floor(gpu, b)
+    for rank, t in enumerate(_rank_times(gpu, rated, w, n_q, n_kv, n_dq, att.seq_q)):
         if best is None or t > best[0] * (1 + 1e-9):  # a tie within rounding keeps the lower rank
             best = (t, rank)
     rank = 0 if best is None else best[1]
-    fwd, bwd = kernel_bytes(rank)
+    fwd, bwd = _kernel_bytes(w, n_q, n_kv, n_dq, rank)
     return RingRank(rank, rank_seconds(rated, w.cp, att.seq_q, rank) if rated is not None else None, fwd, bwd)
+
+
+def _kernel_bytes(w: Workload, n_q: int, n_kv: int, n_dq: int, rank):
+    """:func:`ring_bytes` of cp rank ``rank`` (an int, or an int64 array of ranks) on torch's ring
+    (:func:`applies`); Transformer Engine's ring: (0, 0), none counted (its kernels are :mod:`~meshplan.compute.te_ring`'s)."""
+    return ring_bytes(n_q, n_kv, w.cp, w.torch_eager, rank, n_dq, w.cp_alltoall) if applies(w) else (0, 0)
+
+
+def _rank_times(gpu: GPUSpec, rated: Optional[dict], w: Workload, n_q: int, n_kv: int, n_dq: int,
+                seq_local: int) -> list[float]:
+    """Seconds of every cp rank's attention block as :func:`slowest_rank` compares them (rank order): its two
+    ring kernels, :func:`~meshplan.compute.kernel_time.memory_op_seconds` of :func:`ring_bytes`, plus, where
+    ``rated`` (:func:`rated_calls`), its SDPA calls' forward and backward sums (:func:`_rank_sums`), each
+    :func:`~meshplan.compute.kernel_time.issue_floor`-ed. All ranks at once in numpy, with the scalar functions'
+    float operations in their order (int64 bytes, exact below 2^63; a count times a rate; the sums term by term,
+    a zero count adding nothing), so each value is theirs to the bit: the 405B search asks cp up to 1,024
+    (about 1,000 ranks a call), where the loop of scalar calls took a quarter of its vectorised estimate.
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.measured import kernel_data
+    >>> h100, d = catalog.gpu("h100-sxm5-80gb"), kernel_data("h100-sxm5-80gb")
+    >>> a, w = Attention(1, 32, 8, 8192, 32768, 128), Workload(seq_len=32768, cp=4, torch_ring_attention=True)
+    >>> n, rated = _elements(a, False), rated_calls(d, a, 4, ())
+    >>> def one(r):   # the scalar loop's value of rank r, as slowest_rank summed it before
+    ...     fwd, bwd = _kernel_bytes(w, *n, r)
+    ...     f, b = _rank_sums(rated, 4, 8192, r)
+    ...     t = memory_op_seconds(h100, fwd) + memory_op_seconds(h100, bwd)
+    ...     return t + (issue_floor(h100, f) + issue_floor(h100, b))
+    >>> _rank_times(h100, rated, w, *n, 8192) == [one(r) for r in range(4)]
+    True
+    """
+    cp, data = w.cp, kernel_data(gpu)
+    r = np.arange(cp, dtype=np.int64)
+    fwd, bwd = (np.broadcast_to(np.asarray(x, dtype=np.int64), r.shape) for x in _kernel_bytes(w, n_q, n_kv, n_dq, r))
+    # memory_kernel_seconds' "elementwise" kind: at Triad, floored; the datasheet bandwidth without catalog data
+    mem = (lambda x: x / gpu.hbm_bandwidth_bytes_per_s) if data is None else (
+        lambda x: np.maximum(memory_seconds(data, x), data.kernel_issue_s))
+    t = mem(fwd) + mem(bwd)
+    if rated is not None:
+        floor = (lambda x: x) if data is None else (lambda x: np.maximum(x, data.kernel_issue_s))
+        half, p = seq_local // 2, cp - 1 - r
+        sums = []
+        for k in (0, 1):  # forward, backward: _rank_sums' three terms in its order
+            s = np.full(cp, 0.0 + rated[(seq_local, seq_local, True)][k])
+            for n, call in ((r, (seq_local, half, False)), (p, (half, seq_local, False))):
+                if call in rated:
+                    s = np.where(n > 0, s + n * rated[call][k], s)
+            sums.append(s)
+        t = t + (floor(sums[0]) + floor(sums[1]))
+    return t.tolist()
 
 
 def _elements(att: Attention, kv_expanded: bool) -> tuple[int, int, int]:
