@@ -43,12 +43,19 @@ SETTING = "training.dataloader_attention_mask = false"
 MIN_GAIN = GiB
 
 
+def mask_words(micro_batch: int, seq_len: int) -> str:
+    """``the data loader's 1 x 1 x 262144 x 262144 bool attention mask (64.0 GiB)``: b x s x s B.
+
+    >>> mask_words(1, 131072)   # 131072^2 B = 2^34 B
+    "the data loader's 1 x 1 x 131072 x 131072 bool attention mask (16.0 GiB)"
+    """
+    size = micro_batch * seq_len * seq_len
+    return f"the data loader's {micro_batch} x 1 x {seq_len} x {seq_len} bool attention mask ({size / GiB:.1f} GiB)"
+
+
 def _mask_words(plan: Plan) -> str:
-    """``the data loader's 1 x 1 x 262144 x 262144 bool attention mask (64.0 GiB)``: b x s x s B."""
-    t = plan.config.training
-    size = t.micro_batch * t.seq_len * t.seq_len
-    shape = f"{t.micro_batch} x 1 x {t.seq_len} x {t.seq_len}"
-    return f"the data loader's {shape} bool attention mask ({size / GiB:.1f} GiB)"
+    """:func:`mask_words` of ``plan``'s micro-batch and sequence."""
+    return mask_words(plan.config.training.micro_batch, plan.config.training.seq_len)
 
 
 def mask_variant(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:

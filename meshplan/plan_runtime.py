@@ -16,6 +16,7 @@ it, because the step (:mod:`meshplan.schedule.steptime`), the restart search, ``
 
 from __future__ import annotations
 
+from meshplan import catalog
 from meshplan.config import Config
 from meshplan.interop.torchtitan_tables import write_recompute
 from meshplan.mesh import resolve
@@ -258,9 +259,12 @@ def position_warning(model, seq_len: int, framework: str = "torch") -> tuple[str
                 f"max_position_embeddings >= seq_length: run it with --max-position-embeddings {seq_len} or more "
                 f"(export --to megatron writes it so; [model] max_position = {seq_len} says it in the plan) or "
                 f"shorten training.seq_len",)
+    long = catalog.LONG_CONTEXT.get(model.name)
+    use = (f" or use catalog model {long} (Llama 3.1: {catalog.model(long).max_position} positions, RoPE scaled)"
+           if long else "")
     return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}: planned as given "
             f"(RoPE has no table; the cost is the same), {assumed}; set "
-            f"model.max_position to the scaled context (e.g. {seq_len}) or shorten training.seq_len",)
+            f"model.max_position to the scaled context (e.g. {seq_len}){use} or shorten training.seq_len",)
 
 
 def config_warnings(config: Config) -> tuple[str, ...]:

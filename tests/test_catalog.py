@@ -16,7 +16,8 @@ def test_catalog_has_the_required_entries():
     assert set(catalog.names("gpu")) >= {"h100-sxm5-80gb", "h200-sxm-141gb", "a100-sxm-80gb"}
     assert set(catalog.names("node")) >= {"dgx-h100", "dgx-h200", "dgx-a100", "seed-8x8-2nic"}
     assert set(catalog.names("model")) >= {
-        "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b", "megatron-22b", "mixtral-8x7b"}
+        "llama3-8b", "llama3-70b", "llama3-405b", "llama3.1-8b", "llama3.1-70b", "gpt3-175b", "megatron-22b",
+        "mixtral-8x7b"}
 
 
 @pytest.mark.parametrize("kind,name", ENTRIES)
@@ -108,6 +109,29 @@ def test_model_param_counts(name, total, active):
     spec = catalog.model(name)
     assert spec.param_count() == pytest.approx(total, rel=2e-3)
     assert spec.active_param_count() == pytest.approx(active or total, rel=2e-3)
+
+
+def test_llama31_8b_70b_are_llama3_sizes_at_131072_scaled_positions():
+    """Llama 3.1 8B/70B (nc59 #4): Table 3 of the Llama 3 paper gives the 3.1 models Llama 3's sizes,
+    so the counts are the same by hand. 8B: h 4096, kv 8 x 128 = 1024, ffn 14336, 32 layers:
+    per layer 4096 x (4096 + 2048) + 4096^2 + 3 x 4096 x 14336 + 2 x 4096 = 25,165,824 + 16,777,216
+    + 176,160,768 + 8,192 = 218,112,000; x 32 = 6,979,584,000; + 2 x 128256 x 4096 = 1,050,673,152
+    + final norm 4096 = 8,030,261,248. 70B as in test_llama3_70b_param_count_by_hand: 70,553,706,496.
+    Positions and RoPE scaling: meta-llama/Llama-3.1-8B / -70B config.json (max_position_embeddings
+    131072; rope_scaling factor 8, low 1, high 4, original 8192; rope_theta 500000)."""
+    h, kv, ffn = 4096, 8 * 128, 14336
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * ffn + 2 * h
+    assert per_layer == 218_112_000
+    assert 32 * per_layer + 2 * 128256 * h + h == 8_030_261_248
+    assert catalog.model("llama3.1-8b").param_count() == 8_030_261_248
+    assert catalog.model("llama3.1-70b").param_count() == 70_553_706_496
+    for name in ("llama3.1-8b", "llama3.1-70b"):
+        m = catalog.model(name)
+        assert (m.max_position, m.rope_theta, m.norm_eps, m.vocab) == (131072, 500000.0, 1e-5, 128256)
+        rs = m.rope_scaling
+        assert (rs.factor, rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position) == (8.0, 1.0, 4.0, 8192)
+        assert "meta-llama/Llama-3.1-" in catalog.entry("model", name)["source"]
+    assert catalog.model("llama3-8b").rope_scaling is None  # Llama 3: 8192 positions, unscaled
 
 
 def test_exact_counts_of_other_models():

@@ -78,7 +78,8 @@ def test_export_raises_max_position_to_the_sequence_and_says_so():
 def test_plan_and_step_warn_when_the_sequence_exceeds_max_position():
     line = ("training.seq_len 131072 is more than model llama3-70b's max_position 8192: planned as given (RoPE has "
             "no table; the cost is the same), assuming RoPE scaling the model does not state; set model.max_position "
-            "to the scaled context (e.g. 131072) or shorten training.seq_len")
+            "to the scaled context (e.g. 131072) or use catalog model llama3.1-70b (Llama 3.1: 131072 positions, RoPE "
+            "scaled) or shorten training.seq_len")  # nc59 #4: llama3-70b is Llama 3 (8192), llama3.1-70b its 131072
     assert line in build_plan(LONG).notes
     short = _cfg("llama3-70b", 1, {"global_batch": 8, "seq_len": 8192}, {"names": ["dp"], "shape": [8]})
     assert not any("max_position" in n for n in build_plan(short).notes)

@@ -116,19 +116,19 @@ def test_torchtitan_checkpoint_interval_round_trips(tmp_path, capsys):
 
 def test_torchtitan_flavor_runs_at_the_jobs_context(tmp_path, capsys):
     """llama3 flavor 8B at training.seq_len 16384: catalog llama3-8b states Meta-Llama-3-8B's 8192
-    positions, but torchtitan sizes the flavor's RoPE to the job's sequence (b5bcd76
-    models/common/decoder.py:218-230; e347b1e model/args.py:49-55): the import carries
-    ``max_position = 16384`` with that source, the plan warns of no missing positions, and the
-    export writes flavor "8B" back (not a custom flavor of another max_position)."""
+    positions, but torchtitan's llama3 flavors are Llama 3.1 (131072 positions, RoPE scaled: b5bcd76
+    models/llama3/__init__.py:267) sized to the job's sequence (b5bcd76 models/common/decoder.py:218-230;
+    e347b1e model/args.py:49-55): the import names catalog llama3.1-8b (nc59 #4; before it, llama3-8b with
+    ``max_position = 16384``), the plan warns of no missing positions, and the export writes flavor "8B"
+    back (not a custom flavor of another max_position)."""
     (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT.replace("seq_len = 8192", "seq_len = 16384"))
     code, _, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100", "--nodes", "1",
                             "-o", tmp_path / "j.toml"], capsys)
     assert code == 0, err
     text = (tmp_path / "j.toml").read_text()
-    assert '[model]\ncatalog = "llama3-8b"\nmax_position = 16384\n' in text
-    assert ("# note: torchtitan: model.max_position = 16384 (training.seq_len; the model states 8192): torchtitan "
-            "sizes RoPE to training.seq_len (b5bcd76 models/common/decoder.py:218-230; e347b1e "
-            "models/llama3/model/args.py:49-55)") in text
+    assert '[model]\ncatalog = "llama3.1-8b"\n\n' in text  # 16384 <= its 131072: no max_position
+    assert ("# note: torchtitan: model.catalog = 'llama3.1-8b' (Llama 3.1: 131072 positions, RoPE scaled): "
+            "training.seq_len 16384 is past Llama 3's 8192, and torchtitan's llama3 flavors are Llama 3.1") in text
     code, out, err = run_cli(["plan", tmp_path / "j.toml"], capsys)
     assert code == 0, err
     assert "max_position" not in out + err

@@ -40,6 +40,9 @@ from meshplan.spec.model import ModelSpec
 __all__ = ["KINDS", "names", "entry", "gpu", "node", "network", "model", "system"]
 
 KINDS = ("gpu", "node", "network", "model")
+#: Catalog models of 8192 positions (Llama 3) -> the same sizes at Llama 3.1's 131072 positions with
+#: its RoPE scaling (``models.toml``'s sources: Llama 3 paper Table 3, meta-llama/Llama-3.1-*'s config.json).
+LONG_CONTEXT = {"llama3-8b": "llama3.1-8b", "llama3-70b": "llama3.1-70b"}
 _NODE_LINKS = ("gpu", "network", "collective_library")  # keys of a node entry that are not NodeSpec fields
 
 

@@ -111,7 +111,8 @@ RoPE scaling has no job-config key: torchtitan's llama3 flavors set Llama 3.1's 
 (b5bcd76 ``torchtitan/models/llama3/__init__.py``, ``scaling="llama"`` with ``RoPE.Config``'s
 factor 8, low 1, high 4, 8192 original positions), so ``model.rope_scaling`` is neither read nor
 written (it costs nothing: :class:`~meshplan.spec.rope.RopeScaling`). Its context is the job's: a flavor at a
-``training.seq_len`` above its catalog model's positions is read with ``model.max_position`` = seq_len
+``training.seq_len`` above its catalog model's positions is read with ``model.max_position`` = seq_len,
+llama3 8B and 70B past 8192 as catalog llama3.1-8b / -70b (Llama 3.1, 131072 positions)
 (:func:`~meshplan.interop.torchtitan_flavors.flavor_context`).
 
 Sharding follows torchtitan's parallelize: FSDP2 (zero3) when dp_shard * cp > 1, HSDP when

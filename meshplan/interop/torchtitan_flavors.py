@@ -9,6 +9,7 @@ meshplan follows: :data:`~meshplan.spec.axes.moe_tp.TORCH_ETP`), ``torchtitan/mo
 torchtitan          its args at b5bcd76 (file:line of the flavor)    meshplan model
 =================== =============================================== ========================
 llama3 8B/70B/405B  llama3/__init__.py:236, 277, 318                catalog llama3-8b/-70b/-405b
+                                                                    (llama3.1-8b/-70b past 8192)
 deepseek_v3 16B     deepseek_v3/__init__.py:389-456: dim 2048, 27   catalog deepseek-v2-lite
                     layers, 16 heads, q_lora_rank 0, kv_lora_rank
                     512, qk 128+64, v 128, dense_hidden_dim 10944,
@@ -141,16 +142,24 @@ def _past_trained(table: dict, seq_len: int) -> str:
     >>> _past_trained({"catalog": "llama3-8b"}, 131072), _past_trained({"catalog": "qwen3-8b"}, 262144)
     ('', '')
     """
-    if not str(table.get("catalog", "")).startswith("llama3-") or seq_len <= LLAMA31_POSITIONS:
+    if not str(table.get("catalog", "")).startswith(("llama3-", "llama3.1-")) or seq_len <= LLAMA31_POSITIONS:
         return ""
     return (f"; {seq_len} is past the {LLAMA31_POSITIONS} positions Llama 3.1 was trained to (RoPE scaling "
             f"\"llama\" to {LLAMA31_POSITIONS}): the planned cost holds, the positions past it are untrained")
 
 
 def _flavor_fields(model: ModelSpec) -> dict:
-    """:meth:`~ModelSpec.architecture` without ``max_position``: torchtitan takes a flavor's
-    positions from the job (:data:`CONTEXT_SOURCE`), so a flavor is its sizes whatever the context."""
-    return {k: v for k, v in model.architecture().items() if k != "max_position"}
+    """:meth:`~ModelSpec.architecture` without ``max_position`` and ``rope_scaling``: torchtitan takes
+    a flavor's positions from the job (:data:`CONTEXT_SOURCE`), and its llama3 flavors set Llama 3.1's
+    RoPE scaling in code, which no job key reads or writes (:mod:`meshplan.interop.torchtitan`; it
+    costs nothing: :class:`~meshplan.spec.rope.RopeScaling`), so a flavor is its sizes whatever the
+    context: catalog llama3-8b (Llama 3, 8192 positions) and llama3.1-8b (131072, scaled) are both
+    flavor 8B.
+
+    >>> flavor_of(catalog.model("llama3.1-8b")), flavor_of(catalog.model("llama3.1-70b"))
+    (('llama3', '8B'), ('llama3', '70B'))
+    """
+    return {k: v for k, v in model.architecture().items() if k not in ("max_position", "rope_scaling")}
 
 
 def flavor_of(model: ModelSpec) -> Optional[tuple[str, str]]:
@@ -177,11 +186,15 @@ def flavor_context(table: dict, used: set[str], seq_len: int, notes: list[str]) 
     ``model.hf_assets_path``) with ``max_position = seq_len`` where the job's ``seq_len`` is more
     than the positions the table's model states: torchtitan runs the flavor at that context
     (:data:`CONTEXT_SOURCE`), with a note; ``table`` itself otherwise. Newcomer trial 29: flavor
-    70B at 131,072 tokens, catalog llama3-70b stating Meta-Llama-3-70B's 8,192:
+    70B at 131,072 tokens, catalog llama3-70b stating Meta-Llama-3-70B's 8,192. Flavors 8B and 70B
+    past 8192 read as catalog llama3.1-8b / -70b (:data:`meshplan.catalog.LONG_CONTEXT`: what the
+    flavor is, 131072 positions, RoPE scaled), with ``max_position`` only past 131072 (nc59 #4):
 
     >>> notes = []
     >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, 131072, notes)
-    {'catalog': 'llama3-70b', 'max_position': 131072}
+    {'catalog': 'llama3.1-70b'}
+    >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, 262144, notes)
+    {'catalog': 'llama3.1-70b', 'max_position': 262144}
     >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, 8192, notes)
     {'catalog': 'llama3-70b'}
 
@@ -201,6 +214,13 @@ def flavor_context(table: dict, used: set[str], seq_len: int, notes: list[str]) 
     rows = catalog.model(table["catalog"]).max_position if "catalog" in table else table.get("max_position", 0)
     if not rows or seq_len <= rows:
         return table
+    if table.get("catalog") in catalog.LONG_CONTEXT:  # the flavor is Llama 3.1: its catalog entry (nc59 #4)
+        table = {"catalog": catalog.LONG_CONTEXT[table["catalog"]]}
+        rows = catalog.model(table["catalog"]).max_position
+        notes.append(f"model.catalog = {table['catalog']!r} (Llama 3.1: {rows} positions, RoPE scaled): training."
+                     f"seq_len {seq_len} is past Llama 3's 8192, and torchtitan's llama3 flavors are Llama 3.1")
+        if seq_len <= rows:
+            return table
     notes.append(f"model.max_position = {seq_len} (training.seq_len; the model states {rows}): {CONTEXT_SOURCE}"
                  f"{_past_trained(table, seq_len)}")
     return table | {"max_position": seq_len}

@@ -207,6 +207,8 @@ def timing_line(r: SearchResult) -> str:
     ``wall_s`` and ``timings_s``)."""
     more = "".join(f", then {r.timings[f'widen {a}']:.1f} s for the search with every {a} (the fix's)"
                    for a in ("cp", "ep") if f"widen {a}" in r.timings)
+    more += (f", then {r.timings['widen mask']:.1f} s for the search without the data loader's attention mask "
+             "(the fix's)" if "widen mask" in r.timings else "")
     return (f"timing: the search took {r.wall_s:.1f} s of wall time on this machine{more} (it varies by machine; not "
             "part of the plan or the report)")
 

@@ -3,14 +3,18 @@ prints instead of its table, ``--json``'s ``no_feasible_mesh``, the HTML page's 
 rejection rules that removed the most candidates (:func:`rule_counts`) and a fix per rule
 (:data:`_FIXES`); where ``[search] cp`` is narrowed and the same search with every cp finds a row
 (:func:`meshplan.search.widen.widen`), the fix names that row first, as ``plan``'s ``fix:`` line names
-the smallest cp that fits (:func:`meshplan.plan_fix.memory_fix`).
+the smallest cp that fits (:func:`meshplan.plan_fix.memory_fix`); under Megatron Core at a long sequence,
+before it, the search without the data loader's attention mask (:func:`unmasked_words`, as ``plan``'s
+:func:`meshplan.plan_fix_mask.mask_variant`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from meshplan.interop.keymaps import keymap_of
 from meshplan.memory.constraints import state_floor_fix
+from meshplan.plan_fix_mask import SETTING, mask_words
 from meshplan.search.columns import SHARDING
 from meshplan.search.driver import SearchResult, Widened
 from meshplan.search.reasons import CODE, engine_texts, reason_texts
@@ -61,8 +65,9 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     ``no_feasible_mesh``, the HTML page shows the line. ``widened``: the row the search finds
     with every cp where ``[search] cp`` is narrowed (:class:`~meshplan.search.widen.Widened`'s
     dict; null otherwise: :func:`meshplan.search.widen.widen` not run or finding none), named first
-    in ``fix``; ``widened_ep`` the same for ``[search] ep`` of an MoE model, named before it (not a key:
-    its row is in ``fix``)."""
+    in ``fix``; ``widened_ep`` the same for ``[search] ep`` of an MoE model, named before it, and
+    ``widened_mask`` (the search without Megatron Core's data-loader mask) before both (not keys:
+    their rows are in ``fix``)."""
     if r.top:
         return None
     most = sorted(rule_counts(r), key=lambda x: -x[2])[:3]
@@ -73,6 +78,8 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     for w in (r.widened, r.widened_ep):  # the ep row first (nc58 #1b: the knob that shards the experts)
         if w is not None:
             fix = widened_words(w) + (f"; or {fix}" if fix else "")
+    if "widen mask" in r.timings:  # one flag, the mesh unchanged: before every other (nc59 #1)
+        fix = unmasked_words(r) + (f"; or {fix}" if fix else "")
     verdict: dict[str, Any] = {"candidates": len(r.candidates), "rules": rules, "undecided": r.counts()["undecided"],
                                "fix": fix, "widened": r.widened.to_dict() if r.widened else None}
     return verdict | {"line": _verdict_line(verdict)}
@@ -89,6 +96,21 @@ def widened_words(w: Widened) -> str:
     now = "/".join(map(str, w.given)) or "none"
     return (f"widen [search] {w.axis} (now {now}): with every {w.axis} the fastest that fits is {w.label} ({w.axis} "
             f"{w.degree}: step {w.step_s:.3f} s, peak {w.peak_bytes / GiB:.1f} GiB)")
+
+
+def unmasked_words(r: SearchResult) -> str:
+    """The fix naming Megatron Core's data-loader mask (:func:`meshplan.search.widen.unmasked`): its
+    setting in the config's own format's words (a Megatron-LM file's
+    ``--no-create-attention-mask-in-dataloader``), its bytes at the smallest ``[search] micro_batch``
+    (:func:`~meshplan.plan_fix_mask.mask_words`) and the fastest row of the search without it, or
+    that it finds none either."""
+    cfg = r.config
+    said = f"{keymap_of(cfg).setting(SETTING)} ({mask_words(min(cfg.search.micro_batch), cfg.training.seq_len)}, " \
+           "not built)"
+    w = r.widened_mask
+    if w is None:
+        return f"{said}: the search without it finds no row either"
+    return f"{said}: the fastest that fits is {w.label} (step {w.step_s:.3f} s, peak {w.peak_bytes / GiB:.1f} GiB)"
 
 
 def _verdict_line(v: dict[str, Any]) -> str:

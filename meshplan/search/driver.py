@@ -136,6 +136,7 @@ class SearchResult:
     variants: list[Exact] = field(default_factory=list)
     widened: Optional["Widened"] = None
     widened_ep: Optional["Widened"] = None
+    widened_mask: Optional["Widened"] = None
     tiered_past: list[Exact] = field(default_factory=list)
     safer: list[tuple[Exact, Exact]] = field(default_factory=list)
 

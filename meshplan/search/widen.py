@@ -23,6 +23,13 @@ tokens, split over tp 8 at most); widened, pp 2 x cp 4 x tp 8 fits (tests/test_s
 named first). Mixtral-8x7B at pp 4 x dp 64 with ``ep = [1]`` (and cp, tp narrowed to 1): ep 1 keeps all
 8 experts of its 8 layers on every rank, 63 GiB of their bf16 parameters and fp32 gradients alone, so
 nothing fits; every ep, ep 2 or more fits (tests/test_nclose_fixes.py).
+
+Under Megatron Core, where the data loader's ``b x 1 x s x s`` bool attention mask is 1 GiB or more
+at the smallest ``[search] micro_batch`` (:mod:`meshplan.plan_fix_mask`: seq >= 32768 at micro-batch
+1), the same search runs with ``training.dataloader_attention_mask = false``
+(``--no-create-attention-mask-in-dataloader``) as the result's ``widened_mask`` (``axis`` "mask"),
+which the fix names before every other (newcomer trial nc59 #1: ``plan``'s fix named the flag, the
+search's did not).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Optional
 
 from meshplan.config import Config
 from meshplan.memory.constraints import state_floor_fix
+from meshplan.plan_fix_mask import MIN_GAIN
 from meshplan.search.driver import SearchResult, Widened, search
 
 
@@ -61,10 +69,41 @@ def widened_axis(cfg: Config, axis: str = "cp", workers: Optional[int] = None) -
                    axis, int(c.ep[e.index]))
 
 
+def mask_bytes(cfg: Config) -> int:
+    """Bytes of Megatron Core's data-loader mask at the smallest ``[search] micro_batch``:
+    ``b x s x s`` (1 B a bool element; :mod:`meshplan.plan_fix_mask`); 0 where none is built
+    (another framework or generation, or ``dataloader_attention_mask = false``)."""
+    t = cfg.training
+    return min(cfg.search.micro_batch) * t.seq_len * t.seq_len if t.core_attention_mask else 0
+
+
+def worth_unmasking(r: SearchResult) -> bool:
+    """Whether :func:`unmasked` may help ``r``: no row, some candidate rejected for memory, a mask of
+    :data:`~meshplan.plan_fix_mask.MIN_GAIN` or more (:func:`mask_bytes`), and a model state that
+    fits fully sharded (:func:`~meshplan.memory.constraints.state_floor_fix`)."""
+    cfg = r.config
+    return (not r.top and r.counts()["memory"] > 0 and mask_bytes(cfg) >= MIN_GAIN
+            and state_floor_fix(cfg.model, cfg.training, cfg.cluster) is None)
+
+
+def unmasked(cfg: Config, workers: Optional[int] = None) -> Optional[Widened]:
+    """The fastest row of ``cfg``'s search without the data loader's mask (its ``[search]`` lists
+    kept; ``top`` 1, ``settle_max`` 0, ``[mesh]`` dropped); None where that search finds none either."""
+    t = cfg.training.model_copy(update={"dataloader_attention_mask": False})
+    wide = replace(cfg, mesh=None, training=t, search=cfg.search.model_copy(update={"top": 1, "settle_max": 0}))
+    r = search(wide, workers=workers)
+    e = r.top[0] if r.top else None
+    if e is None or e.step_s is None:
+        return None
+    c = r.candidates
+    return Widened((), int(c.cp[e.index]), c.label(e.index), e.step_s, e.peak_bytes, "mask", int(c.ep[e.index]))
+
+
 def widen(r: SearchResult, workers: Optional[int] = None) -> SearchResult:
     """``r`` with ``widened`` (cp) and ``widened_ep`` set where :func:`worth_widening` (their wall times
-    as ``timings["widen cp"]`` and ``["widen ep"]``, seconds, apart from the search's ``wall_s``); ``r``
-    itself, unchanged, otherwise."""
+    as ``timings["widen cp"]`` and ``["widen ep"]``, seconds, apart from the search's ``wall_s``), and
+    ``widened_mask`` where :func:`worth_unmasking` (``timings["widen mask"]``); ``r`` itself, unchanged,
+    otherwise."""
     for axis in ("cp", "ep"):
         if not worth_widening(r, axis):
             continue
@@ -75,4 +114,8 @@ def widen(r: SearchResult, workers: Optional[int] = None) -> SearchResult:
         else:
             r.widened_ep = found
         r.timings[f"widen {axis}"] = time.perf_counter() - t0
+    if worth_unmasking(r):
+        t0 = time.perf_counter()
+        r.widened_mask = unmasked(r.config, workers)
+        r.timings["widen mask"] = time.perf_counter() - t0
     return r
