@@ -18,7 +18,7 @@ def timing_rows(plan, t, stage: int = 0) -> list:
     backward).
 
     >>> from types import SimpleNamespace as R
-    >>> from meshplan.schedule.linkload import Timing
+    >>> from meshplan.schedule.readiness import Timing
     >>> rows = [R(axis="tp", phase="backward", op="all-reduce", cadence="every norm (SP weight gradients)",
     ...           per_microbatch=True, per_step=False),
     ...         R(axis="dp_shard", phase="backward", op="all-gather", cadence="every layer", per_microbatch=True,

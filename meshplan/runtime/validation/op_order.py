@@ -15,7 +15,7 @@ each op names its virtual stage (``.s<k>``).
 >>> executed_ops([["F", 0, 1], ["B", 0, 1]], "1f1b", 1), executed_ops([["B", 0, 0]], "zbv", 2)
 (['F0', 'B0'], ['I0.s0', 'W0.s0'])
 >>> first_difference(["F0", "F1", "B0"], ["F0", "B0", "F1"])
-'op 2 ran B0 where the plan has F1'
+'op 2 ran F1 where the plan has B0'
 """
 
 from __future__ import annotations
