@@ -125,7 +125,8 @@ def spelled(cls: type[BaseModel], key: str, got, msg: str) -> Optional[str]:
     squashed = "".join(ch for ch in got.lower() if ch not in "_-. +")
     gone = getattr(cls, "UNMODELLED", {}).get(key, {}).get(squashed)  # another tool's value meshplan has no model of
     if gone:
-        return f'"{got}" {gone} (the values: {msg.removeprefix("Input should be ")})'
+        fix = getattr(cls, "UNMODELLED_FIX", {}).get(key) or f'set {key} to {msg.removeprefix("Input should be ")}'
+        return f'"{got}" {gone}; {fix}'
     hit = getattr(cls, "SPELLINGS", {}).get(key, {}).get(squashed)
     if hit is None:
         return None

@@ -192,3 +192,7 @@ def test_ulysses_cp_attention_says_it_is_not_modelled(tmp_path):
             load_config(path)
         assert e.value.field == "training.cp_attention" and words in str(e.value)
         assert ("does not model" in str(e.value)) == (value != "ringg")
+        # the fix a newcomer asked for (nc60): what to set instead, as the JSON error's "fix" (after "; ")
+        from meshplan.cli.error_doc import split_fix
+        fix = split_fix(e.value.message)[1] or ""
+        assert fix.startswith('set cp_attention = "ring"') == (value != "ringg"), fix

@@ -67,7 +67,8 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder and --json "
                                                                 "file")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
-    collectives, times, memory and checkpoint (DCP) writes with the plan; one host, the netns testbed, or
+    collectives, times, memory, checkpoint (DCP) writes and, under pp, each rank's pipeline op order (F, B,
+    I, W) with the plan; one host, the netns testbed, or
     several hosts (--nnodes/--node-rank/--rdzv-endpoint). An axis of the config that a world runs at degree 1
     is named ("not exercised: ...", with the world that runs it); it does not change the verdict. Every reason
     it refuses to run (a world size, a mesh the runtime does not build) is printed before anything runs, one

@@ -107,11 +107,13 @@ class TrainingFields(BaseModel):
     UNMODELLED: ClassVar[dict[str, dict[str, str]]] = {"cp_attention": {
         **dict.fromkeys(("ulysses", "deepspeedulysses", "a2a", "alltoall", "all2all"), (
             "is DeepSpeed-Ulysses's all-to-all over the heads (Megatron-LM's --cp-comm-type a2a), which meshplan "
-            "does not model: it plans torch's ring (ring), Transformer Engine's p2p ring (p2p) and the all-gather "
-            "(allgather)")),
+            "does not model")),
         "a2ap2p": ("is Megatron-LM's hierarchical CP, Ulysses all-to-all inside and a K/V ring across, which "
-                   "meshplan does not model: it plans torch's ring (ring), Transformer Engine's p2p ring (p2p) "
-                   "and the all-gather (allgather)")}}
+                   "meshplan does not model")}}
+    #: The fix of an :attr:`UNMODELLED` value: what meshplan plans instead (its JSON error's ``fix``).
+    UNMODELLED_FIX: ClassVar[dict[str, str]] = {"cp_attention": (
+        'set cp_attention = "ring" (torch\'s ring, torchtitan\'s), "p2p" (Transformer Engine\'s ring, '
+        'Megatron-LM\'s --cp-comm-type p2p) or "allgather" (Llama 3\'s all-gather CP)')}
 
     global_batch: int = Field(gt=0, le=BOUNDS["global_batch"].value)
     seq_len: int = Field(gt=0, le=BOUNDS["seq_len"].value)
