@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from meshplan.compute.batch_input import core_key_bytes
 from meshplan.config import Config
 from meshplan.interop.keymaps import keymap_of
 from meshplan.keymap import OWN, KeyMap
@@ -49,7 +50,7 @@ def mask_words(micro_batch: int, seq_len: int) -> str:
     >>> mask_words(1, 131072)   # 131072^2 B = 2^34 B
     "the data loader's 1 x 1 x 131072 x 131072 bool attention mask (16.0 GiB)"
     """
-    size = micro_batch * seq_len * seq_len
+    size = core_key_bytes("attention_mask", micro_batch, seq_len)
     return f"the data loader's {micro_batch} x 1 x {seq_len} x {seq_len} bool attention mask ({size / GiB:.1f} GiB)"
 
 
@@ -78,7 +79,7 @@ def mask_variant(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
     []
     """
     t = plan.config.training
-    if not t.core_attention_mask or t.micro_batch * t.seq_len * t.seq_len < MIN_GAIN:
+    if not t.core_attention_mask or core_key_bytes("attention_mask", t.micro_batch, t.seq_len) < MIN_GAIN:
         return []
     cfg = replace(plan.config, training=t.model_copy(update={"dataloader_attention_mask": False}))
     return [(f"{keys.setting(SETTING)} ({_mask_words(plan)}, not built)", cfg)]

@@ -38,6 +38,7 @@ import time
 from dataclasses import replace
 from typing import Optional
 
+from meshplan.compute.batch_input import core_key_bytes
 from meshplan.config import Config
 from meshplan.memory.constraints import state_floor_fix
 from meshplan.plan_fix_mask import MIN_GAIN
@@ -74,7 +75,9 @@ def mask_bytes(cfg: Config) -> int:
     ``b x s x s`` (1 B a bool element; :mod:`meshplan.plan_fix_mask`); 0 where none is built
     (another framework or generation, or ``dataloader_attention_mask = false``)."""
     t = cfg.training
-    return min(cfg.search.micro_batch) * t.seq_len * t.seq_len if t.core_attention_mask else 0
+    if not t.core_attention_mask:
+        return 0
+    return core_key_bytes("attention_mask", min(cfg.search.micro_batch), t.seq_len)
 
 
 def worth_unmasking(r: SearchResult) -> bool:
