@@ -22,7 +22,8 @@ arguments file, the launcher's apart (:mod:`~meshplan.interop.launch`); format d
 (:mod:`~meshplan.interop.detect`) and the loader that ``plan``/``step``/``search`` use for any of them
 (:mod:`~meshplan.interop.foreign`), export to any of them (:mod:`~meshplan.interop.export`, each
 format's file: :mod:`~meshplan.interop.export_formats`), what an export gives back (:mod:`~meshplan.interop.roundtrip`) and
-which rows ``search --export`` can write (:mod:`~meshplan.interop.search_export`).
+which rows ``search --export`` can write (:mod:`~meshplan.interop.search_export`); the check that
+refuses a key misspelt near one meshplan reads, which every reader shares (:mod:`~meshplan.interop.typos`).
 
 Every reader lists by name the fields of the foreign file that meshplan does not use (never
 dropped silently); what the file does not say (the cluster; the model and sequence length of
@@ -34,4 +35,4 @@ __all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_batch", "deepspee
            "deepspeed_write", "deepspeed_zero", "detect", "export", "export_formats", "foreign", "launch", "megatron",
            "megatron_carry", "megatron_ckpt", "megatron_cluster", "megatron_flags", "megatron_known", "megatron_model",
            "megatron_pipeline", "megatron_recompute", "megatron_tables", "megatron_write", "roundtrip",
-           "search_export", "tomlout", "torchtitan", "torchtitan_carry", "torchtitan_write"]
+           "search_export", "tomlout", "torchtitan", "torchtitan_carry", "torchtitan_write", "typos"]

@@ -102,7 +102,7 @@ The pipeline split and [activation_checkpoint] are read and written by
 torchtitan's pre-2025 float8 spellings are brought to the current layout first
 (:mod:`meshplan.interop.torchtitan_legacy`). A key of a table the reader reads ([model],
 [training], [parallelism], [activation_checkpoint], [quantize.linear.float8]) that is a near
-miss of one it reads (``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is
+miss of one it reads (``tensor_parallel_degre``; :func:`~meshplan.interop.typos.misspelt`) is
 an error naming the likely key, and so is a read key under another of those tables or
 [experimental] (``[training] tensor_parallel_degree`` of older torchtitan); other keys are
 listed as unused.
@@ -132,7 +132,6 @@ from meshplan.interop.common import (
     ImportOptions,
     cluster_table,
     flatten,
-    misspelt,
     model_is_mla,
     model_is_moe,
     model_layers,
@@ -140,6 +139,7 @@ from meshplan.interop.common import (
     seq_len_of,
     table_model,
 )
+from meshplan.interop.typos import misspelt
 from meshplan.interop.torchtitan_batch import BatchKeys, accumulation_divides, accumulation_note
 from meshplan.interop.torchtitan_checkpoint import checkpoint_note, read_checkpoint
 from meshplan.interop.torchtitan_ep import read_backend, read_etp
@@ -187,7 +187,7 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
 NEAR_KEYS: frozenset[str] = frozenset()
-#: Every key a misspelling is checked against (:func:`~meshplan.interop.common.misspelt`).
+#: Every key a misspelling is checked against (:func:`~meshplan.interop.typos.misspelt`).
 READ = USED | FLOAT8 | {"model.hf_assets_path"}
 
 
