@@ -38,12 +38,12 @@ from typing import Any
 from meshplan import catalog
 from meshplan.config_tables import read_cluster, read_model
 from meshplan.config_errors import build
+from meshplan.config_mesh import axes_of, megatron_etp, read_mesh, torch_etp
 from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_STRING, MAX_TOML_DEPTH, MAX_WORLD, over
 from meshplan.spec import recompute_modules
-from meshplan.spec.axes import canonical_names
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.mesh import MeshSpec
@@ -77,8 +77,9 @@ class Config:
     ``source_model``: the foreign file's own keys naming a model it describes by a Hugging Face
     config (a torchtitan job TOML's ``model.name``, ``model.flavor`` and ``model.hf_assets_path`` as
     written), which an export to that format writes back; () otherwise; ``filled_axes``: the axes
-    the reader appended to a names + shape (or order + degrees) [mesh] the user did not write (the etp default,
-    :func:`_megatron_etp`, :func:`_torch_etp`), which a fix line leaves out of the shape it prints
+    the reader appended to a names + shape (or order + degrees) [mesh] the user did not write (the etp
+    default, :func:`~meshplan.config_mesh.megatron_etp`, :func:`~meshplan.config_mesh.torch_etp`), which
+    a fix line leaves out of the shape it prints
     in the user's own entries (:func:`meshplan.mesh.resolve.world_error`); ``source_said``: a foreign
     file's own words, ``(dotted key, value as written)``, for a setting the reader left unset for each
     mesh to resolve, where the file wrote it (torchtitan's ``parallelism.fsdp_reshard_after_forward =
@@ -178,13 +179,13 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
             raise ConfigError(t, f"missing table [{t}]; every config needs {['[' + x + ']' for x in TABLES]}")
         if not isinstance(data[t], dict):
             raise ConfigError(t, "must be a table")
-    mesh, notes = _mesh(data["mesh"]) if "mesh" in data else (None, ())
-    written = _axes_of(mesh)
+    mesh, notes = read_mesh(data["mesh"]) if "mesh" in data else (None, ())
+    written = axes_of(mesh)
     model, training = read_model(data["model"], base), build(TrainingSpec, data["training"], "training")
     if mesh is not None and training.framework == "megatron":
-        mesh, notes = _megatron_etp(mesh, notes)
+        mesh, notes = megatron_etp(mesh, notes)
     elif mesh is not None and model.is_moe:
-        mesh, notes = _torch_etp(mesh, notes)
+        mesh, notes = torch_etp(mesh, notes)
     _check_routing(model, training)
     notes = (*notes, *recompute_modules.config_notes(model, training))
     if mesh is not None and training.moe_dispatcher == "deepep":
@@ -218,14 +219,7 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
                   kernel_files=_kernel_files(data.get("kernels", {}), base),
                   checkpoint_interval_steps=_interval_steps(data.get("reliability", {})),
                   source=_source(data.get("source", {}), base), source_config=_source_config(data.get("source", {})),
-                  filled_axes=tuple(n for n in _axes_of(mesh) if n not in written))
-
-
-def _axes_of(spec: MeshSpec | None) -> list[str]:
-    """The axis names of ``spec`` as written (names, or the order string's; none without a mesh)."""
-    if spec is None:
-        return []
-    return list(spec.names) if spec.names is not None else [n.strip() for n in (spec.order or "").split("-") if n.strip()]
+                  filled_axes=tuple(n for n in axes_of(mesh) if n not in written))
 
 
 def _source(t: dict, base: Path | None) -> tuple[str, str] | None:
@@ -279,91 +273,6 @@ def _kernel_files(t: dict, base: Path | None) -> tuple[str, ...]:
         raise ConfigError("kernels.files", "give a list of paths of kernels TOML files (meshplan bench gemm --grid), "
                                            "relative to this config")
     return tuple(str(Path(f) if Path(f).is_absolute() or base is None else base / f) for f in files)
-
-
-def _mesh(t: dict) -> tuple[MeshSpec, tuple[str, ...]]:
-    """The [mesh] table with canonical axis names (aliases renamed, close slips refused
-    unless in ``custom_axes``) and the notes of what was renamed."""
-    spec = build(MeshSpec, t, "mesh")
-    if spec.names is not None:
-        given, field = list(spec.names), "mesh.names"
-    else:  # MeshSpec: names + shape or order + degrees
-        given, field = [n.strip() for n in (spec.order or "").split("-")], "mesh.order"
-    stray = [n for n in spec.custom_axes if n not in given]
-    if stray:
-        raise ConfigError("mesh.custom_axes", f"{stray[0]!r} is not an axis of the mesh ({', '.join(given)}); "
-                          f"list only axes the mesh names")
-    names, notes = canonical_names(given, spec.custom_axes, field)
-    if spec.names is not None:
-        return spec.model_copy(update={"names": list(names)}), notes
-    renamed = dict(zip(given, names))
-    degrees = {renamed.get(k, k): v for k, v in (spec.degrees or {}).items()}
-    return spec.model_copy(update={"order": "-".join(names), "degrees": degrees}), notes
-
-
-def _megatron_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tuple[str, ...]]:
-    """Under ``framework = "megatron"`` a mesh with ep > 1 and no ``etp`` gets etp = tp, as
-    Megatron-LM defaults ``--expert-tensor-parallel-size`` to the tensor-parallel size
-    (``if args.expert_tensor_parallel_size is None: args.expert_tensor_parallel_size =
-    args.tensor_model_parallel_size``, megatron/training/arguments.py:587-588 at NVIDIA/Megatron-LM
-    d98e8a6), with a note; the same default :func:`meshplan.interop.megatron.read` takes. A given
-    etp (1 included) is kept; ``framework = "torch"`` has its own default (:func:`_torch_etp`:
-    tp at ep 1, else 1, :data:`meshplan.spec.axes.moe_tp.TORCH_ETP`).
-
-    >>> s, n = _megatron_etp(MeshSpec(names=["dp", "tp", "ep"], shape=[16, 2, 8]), ())
-    >>> s.names, s.shape, n[0].split(",")[0]
-    (['dp', 'tp', 'ep', 'etp'], [16, 2, 8, 2], 'mesh.etp not given: 2')
-    """
-    deg = dict(zip(spec.names, spec.shape or [])) if spec.names is not None else dict(spec.degrees or {})
-    tp = deg.get("tp", 1)
-    if "etp" in deg or deg.get("ep", 1) <= 1 or tp <= 1:
-        return spec, notes
-    note = (f"mesh.etp not given: {tp}, the tp degree, as Megatron-LM defaults --expert-tensor-parallel-size to "
-            f"--tensor-model-parallel-size (framework megatron); for experts without tp write in [mesh] "
-            f"{_etp_one(spec, deg)}")
-    if spec.names is not None:
-        spec = spec.model_copy(update={"names": [*spec.names, "etp"], "shape": [*(spec.shape or []), tp]})
-    else:
-        spec = spec.model_copy(update={"order": f"etp-{spec.order}", "degrees": deg | {"etp": tp}})
-    return spec, (*notes, note)
-
-
-def _etp_one(spec: MeshSpec, deg: dict[str, int]) -> str:
-    """The [mesh] lines of ``spec`` with etp 1 added, as the user writes them (the fix text of
-    :func:`_megatron_etp`'s note; ``etp = 1`` alone in [mesh] is no key: etp is an axis).
-
-    >>> _etp_one(MeshSpec(names=["dp", "tp", "ep"], shape=[16, 2, 8]), {})
-    'names = ["dp", "tp", "ep", "etp"] and shape = [16, 2, 8, 1]'
-    >>> _etp_one(MeshSpec(order="tp-ep-dp", degrees={"tp": 2, "ep": 8, "dp": 16}), {"tp": 2, "ep": 8, "dp": 16})
-    'degrees = {tp = 2, ep = 8, dp = 16, etp = 1}'
-    """
-    if spec.names is not None:
-        names = ", ".join(f'"{n}"' for n in [*spec.names, "etp"])
-        return f"names = [{names}] and shape = [{', '.join(str(d) for d in [*(spec.shape or []), 1])}]"
-    return "degrees = {" + ", ".join(f"{k} = {v}" for k, v in (deg | {"etp": 1}).items()) + "}"
-
-
-def _torch_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tuple[str, ...]]:
-    """Under ``framework = "torch"`` an MoE model's mesh with ep 1, tp > 1 and no ``etp`` gets
-    etp = tp, what torchtitan at b5bcd76 runs (:func:`meshplan.spec.axes.moe_tp.torch_etp`: each routed
-    expert sharded over tp like a dense MLP), with a note; a given etp is kept (the rule
-    ``torch_etp`` refuses one other than tp). The torch twin of :func:`_megatron_etp`.
-
-    >>> s, n = _torch_etp(MeshSpec(names=["dp_shard", "tp"], shape=[4, 2]), ())
-    >>> s.names, s.shape, n[0].split(",")[0]
-    (['dp_shard', 'tp', 'etp'], [4, 2, 2], 'mesh.etp not given: 2')
-    """
-    deg = dict(zip(spec.names, spec.shape or [])) if spec.names is not None else dict(spec.degrees or {})
-    tp = deg.get("tp", 1)
-    if "etp" in deg or deg.get("ep", 1) != 1 or tp <= 1:
-        return spec, notes
-    note = (f"mesh.etp not given: {tp}, the tp degree, as torchtitan at ep 1 shards every routed expert over tp "
-            f"(w1/w3 Shard(1), w2 Shard(2); framework torch, moe_sharding.py at b5bcd76)")
-    if spec.names is not None:
-        spec = spec.model_copy(update={"names": [*spec.names, "etp"], "shape": [*(spec.shape or []), tp]})
-    else:
-        spec = spec.model_copy(update={"order": f"etp-{spec.order}", "degrees": deg | {"etp": tp}})
-    return spec, (*notes, note)
 
 
 def _check_deepep_group(spec: MeshSpec, framework: str) -> None:

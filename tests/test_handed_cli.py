@@ -60,7 +60,7 @@ def test_c1_cp_coordinate_and_micro_batches(tmp_path, capsys):
 
 def test_order_echo_leaves_out_the_etp_the_reader_added(tmp_path, capsys):
     """A MoE config under framework megatron at tp 2 x ep 2 without etp: the reader adds etp = tp
-    (Megatron-LM's default, config._megatron_etp) to the order; the echo is still the user's order."""
+    (Megatron-LM's default, config_mesh.megatron_etp) to the order; the echo is still the user's order."""
     moe = MODEL.format(layers=2) + "experts = 8\ntop_k = 2\nexpert_ffn = 1024\n"
     cfg = config(tmp_path, 'order = "tp-ep-dp-pp"\ndegrees = {tp = 2, ep = 2, dp = 4, pp = 1}', model=moe,
                  framework="megatron")

@@ -460,7 +460,7 @@ def test_deepspeed_config_searches_only_meshes_deepspeed_runs():
     ep and HSDP): its [search] keeps the search there, the header says so, and every row listed
     exports back to DeepSpeed. Was: dp_shard x cp and HSDP rows from a DeepSpeed config."""
     import dataclasses
-    from meshplan.report.search import header_lines
+    from meshplan.report.search_header import header_lines
     from meshplan.search.driver import search
     from meshplan.search.space import candidate_config
     cfg = load_any(DS, opts=DSOPTS)

@@ -85,7 +85,7 @@ def test_search_switch_holds_hpz():
     g 8 only (8 rows: dp_shard 16 at hpZ 8, the tp > 1 rows at 1, where hpZ cannot run); held at [1] none
     runs hpZ (8 rows). The config's own g (1, unset) is then not searched at its mesh, and the configured
     line says which [search] field holds it; the narrowing line names the held values."""
-    from meshplan.report.search import narrowed_lines
+    from meshplan.report.search_header import narrowed_lines
     from meshplan.search.configured_find import find
     eight = enumerate_candidates(_held([8]))
     assert len(eight) == 8

@@ -23,7 +23,7 @@ import numpy as np
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.search.columns import LAYER_AC_FREQ, RECOMPUTE
-from meshplan.report.search import header_lines
+from meshplan.report.search_header import header_lines
 from meshplan.search.driver import search
 from meshplan.search.estimate import refine
 from tests.cli_run import run_main

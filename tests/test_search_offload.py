@@ -16,7 +16,8 @@ from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
-from meshplan.report.search import count_lines, header_lines, rejected_lines
+from meshplan.report.search import count_lines, rejected_lines
+from meshplan.report.search_header import header_lines
 from meshplan.search.driver import search
 from meshplan.search.buffer_bounds import offload_staging_bytes
 from meshplan.search.host_memory import host_reasons

@@ -55,7 +55,7 @@ def test_torch_etp_rule_refuses_etp_above_1_with_ep(etp):
 def test_torch_etp_rule_refuses_etp_1_at_ep_1_with_tp():
     """etp 1 at ep 1 with tp 4 under torch: torchtitan at b5bcd76 shards the experts over tp there
     (``expert_param_placement_dense``), so etp 1 would plan what it does not run: infeasible with
-    the fix etp 4; a mesh leaving etp out gets etp 4 with a note (config._torch_etp)."""
+    the fix etp 4; a mesh leaving etp out gets etp 4 with a note (config_mesh.torch_etp)."""
     bad = build_plan(_mixtral(1, ep=1), memory=False, reports=False)
     assert isinstance(bad, Infeasible)
     assert any(r.startswith("framework torch: etp 1 with tp 4 and ep 1: torchtitan at ep 1 shards every routed "

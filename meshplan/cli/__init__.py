@@ -2,7 +2,7 @@
 per group of commands, registered here in the order ``--help`` lists them (:data:`COMMANDS`):
 
 - :mod:`~meshplan.cli.plan_cmds`: plan, report, groups, memory
-- :mod:`~meshplan.cli.step_cmd`: step
+- :mod:`~meshplan.cli.step_cmd`: step (its collectives and link-load lines: :mod:`~meshplan.cli.step_links`)
 - :mod:`~meshplan.cli.reliability_cmd`: reliability
 - :mod:`~meshplan.cli.search_cmds`: compare, search
 - :mod:`~meshplan.cli.interop_cmds`: import, export

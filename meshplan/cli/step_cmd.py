@@ -26,12 +26,12 @@ from meshplan.cli.common import (
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
 from meshplan.cli.schedule_opt import layer_split, refusal, renamed, rule_error
+from meshplan.cli.step_links import print_links
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.compute.megatron_core import runtime_followed
 from meshplan.compute.routing import balance_note
 from meshplan.compute.table_use import as_json as table_json, gemm_shapes, table_use
 from meshplan.comm.calibration_notes import roce_note, uncalibrated_note
-from meshplan.comm.calibration_replaced import capacity_words
 from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
@@ -46,13 +46,7 @@ from meshplan.schedule.ep_routing import routing_caveat
 from meshplan.schedule.reshard_note import reshard_default_note
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
-from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
-from meshplan.schedule.linkload import edge_loads
-from meshplan.schedule.readiness import p2p_calls, step_rows, timings
-from meshplan.schedule.netload import pxn_line
-from meshplan.schedule.nic_sharing import concurrent_lines
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
-from meshplan.schedule.stage_traffic import traffic_words
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_hint import tp_hint
 from meshplan.report.plan_warnings import plan_warnings
@@ -217,7 +211,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     for line in verdict:  # a hint's settings in a foreign file's own keys
         _echo(_in_file(p, line) if line.startswith("hint:") else line)
     _echo_critical_path(st)
-    _print_links(p, st, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
+    print_links(p, st, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
     if trace:
         _wrote(st.write_trace(trace, force=force))
     doc = _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal)
@@ -363,64 +357,3 @@ def _step_with(p, overlap, table, schedule: Optional[str]):
             raise
         raise (refusal(schedule, len(p.stages), p.micro_batches, p.vpp, p.config.training, p.config.model.layers,
                        layer_split(p.config)) or renamed(e, schedule)) from None
-
-
-def _print_links(p, st, step_fn) -> None:
-    """Readiness of each collective kind, concurrency and the load on each physical edge, and,
-    where a network edge does not fit its window, where its traffic goes
-    (:mod:`meshplan.schedule.link_spill`; ``step_fn``: re-plans' steps, for async TP's)."""
-
-    _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack "
-          "(deadline - ready - duration: 0 when the next op waits for it, < 0 exposed; a cp K/V all-gather's "
-          "deadline is the end of the Q projection it runs beside; under torch's ring attention a K/V all-gather or "
-          "dK/dV shift (send/recv) runs beside the SDPA step after it, whose end is its deadline, and each layer's "
-          "last shift, waited for at once, is in the parts line's exposed cp; under Transformer Engine's p2p ring "
-          "(Megatron-LM's) each K/V or dK/dV send/recv runs beside the attention step it precedes, whose end is its "
-          "deadline; a step row names the plan rows it stands for by their cadence, 'rows:'; 'one event for N "
-          "calls': a layer's SP norm-weight gradient all-reduces merged, duration their sum)")
-    for t in timings(st):
-        rows = step_rows(p, t)
-        _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
-                   f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (rows: {rows})" if rows else "")
-              + (f"  (issued {t.issued})" if t.issued else "") + _merged(t))
-    if sends := p2p_calls(st):
-        _echo(f"  not listed: pp send/recv between stages (stage 0 sends {sends} per schedule run): counted in the "
-              f"parts line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)")
-    for line in concurrent_lines(st):
-        _echo(line)
-    other = other_stage_loads(p, st)
-    more = "" if other is None or stage_fits(other[1]) else " and a NIC or uplink of it does not fit"
-    where = "" if other is None else f"; stage {other[0]}'s ranks send more{more}: its table follows"
-    loads = _print_edge_table(p, st, 0, edge_loads(p, st), where)
-    spill = network_spill(p, st) if not stage_fits(loads) else None
-    if spill is not None:
-        _echo(f"  {spill_line(p, st, spill, step_fn)}")
-    if other is not None:  # the stage whose links are loaded most (meshplan.schedule.stage_traffic)
-        _print_edge_table(p, st, other[0], other[1], f"; {traffic_words(p, other[0])}")
-
-
-def _merged(t) -> str:
-    """A first-occurrence row's note where its event stands for several calls of the plan's table
-    (:attr:`~meshplan.schedule.readiness.Timing.calls`), with the time of one (nc54 #9)."""
-    if t.calls == 1.0:
-        return ""
-    return f"  (one event for {t.calls:.3g} calls, {t.duration_s / t.calls * 1e3:.4f} ms each)"
-
-
-def _print_edge_table(p, st, stage: int, loads: list, more: str) -> list:
-    """The edge-load table of ``stage``, ``loads`` (:func:`~meshplan.schedule.linkload.edge_loads`),
-    its header naming the stage, its first rank and node, ``more`` after them; ``loads``."""
-    window = f"{loads[0].interval_s:.3f} s of the {st.step_s:.3f} s step" if loads else "none"
-    rank = st.example_ranks[stage]
-    _echo(f"edge load per step on stage {stage} (rank {rank}, node {int(p.placement.node[rank])}{more}) (busy = "
-          f"bytes / capacity; the window it must fit in: stage {stage}'s compute time, its forward, backward and "
-          f"recompute kernels ({window}: not the step), and per layer the layer's forward + backward time)")
-    _echo(f"  {capacity_words(p.config.cluster)}")
-    for e in loads:
-        verdict = "fits" if e.fits else "DOES NOT FIT"
-        _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
-                   f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
-                   f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
-    for line in pxn_line(p, p.stage(stage).collectives) if loads else []:
-        _echo(line)
-    return loads

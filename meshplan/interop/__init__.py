@@ -1,7 +1,8 @@
 """Interoperation with the job configs practitioners already have (layer after
 :mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`, writer in
 :mod:`~meshplan.interop.torchtitan_write`, carried user keys in
-:mod:`~meshplan.interop.torchtitan_carry`), Megatron-LM arguments (:mod:`~meshplan.interop.megatron`, the keys
+:mod:`~meshplan.interop.torchtitan_carry`, its degrees and pipeline as [mesh] in
+:mod:`~meshplan.interop.torchtitan_mesh`), Megatron-LM arguments (:mod:`~meshplan.interop.megatron`, the keys
 its runtime's flags set in :mod:`~meshplan.interop.megatron_tables`, its cluster in
 :mod:`~meshplan.interop.megatron_cluster`, its flags in
 :mod:`~meshplan.interop.megatron_flags`, its recompute flags in :mod:`~meshplan.interop.megatron_recompute`,
@@ -22,7 +23,8 @@ arguments file, the launcher's apart (:mod:`~meshplan.interop.launch`); format d
 (:mod:`~meshplan.interop.detect`) and the loader that ``plan``/``step``/``search`` use for any of them
 (:mod:`~meshplan.interop.foreign`), export to any of them (:mod:`~meshplan.interop.export`, each
 format's file: :mod:`~meshplan.interop.export_formats`), what an export gives back (:mod:`~meshplan.interop.roundtrip`) and
-which rows ``search --export`` can write (:mod:`~meshplan.interop.search_export`).
+which rows ``search --export`` can write (:mod:`~meshplan.interop.search_export`); the check that
+refuses a key misspelt near one meshplan reads, which every reader shares (:mod:`~meshplan.interop.typos`).
 
 Every reader lists by name the fields of the foreign file that meshplan does not use (never
 dropped silently); what the file does not say (the cluster; the model and sequence length of
@@ -34,4 +36,5 @@ __all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_batch", "deepspee
            "deepspeed_write", "deepspeed_zero", "detect", "export", "export_formats", "foreign", "launch", "megatron",
            "megatron_carry", "megatron_ckpt", "megatron_cluster", "megatron_flags", "megatron_known", "megatron_model",
            "megatron_pipeline", "megatron_recompute", "megatron_tables", "megatron_write", "roundtrip",
-           "search_export", "tomlout", "torchtitan", "torchtitan_carry", "torchtitan_write"]
+           "search_export", "tomlout", "torchtitan", "torchtitan_carry", "torchtitan_mesh",
+           "torchtitan_write", "typos"]

@@ -5,7 +5,7 @@ and a misspelt one refused by name (:func:`misspelt_key`, :func:`misspelt_field`
 
 A key that is not one of DeepSpeed's own (:data:`DEEPSPEED_KEYS`) and is a near miss of one
 the reader reads (``zero_optimisation``, ``zero_optimizaton_x``, ``bf_16``, ``fp16x``;
-:func:`~meshplan.interop.common.loose_near_miss`) is an error naming the likely key. Inside the
+:func:`~meshplan.interop.typos.loose_near_miss`) is an error naming the likely key. Inside the
 tables DeepSpeed validates with pydantic models that forbid extra keys (:data:`FORBIDS_EXTRA`:
 ``zero_optimization``, ``bf16``/``bfloat16``, ``fp16``), a key that is a near miss of any field
 of DeepSpeed's (``overlap_com``, ``contiguous_gradient``, ``reduce_bucket_sise``) is an error
@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.errors import ConfigError
-from meshplan.interop.common import flatten, loose_near_miss, misspelt
+from meshplan.interop.common import flatten
+from meshplan.interop.typos import loose_near_miss, misspelt
 from meshplan.interop.deepspeed_zero import ZERO3_USED, ZERO12_USED
 
 
@@ -80,7 +81,7 @@ FORBIDS_EXTRA = {"zero_optimization": "DeepSpeedZeroConfig", "bf16": "DeepSpeedB
 
 def misspelt_field(d: dict) -> Optional[ConfigError]:
     """The error for the first key of a :data:`FORBIDS_EXTRA` table of ``d`` that is not a field
-    of DeepSpeed's model and is a near miss of one (:func:`~meshplan.interop.common.loose_near_miss`);
+    of DeepSpeed's model and is a near miss of one (:func:`~meshplan.interop.typos.loose_near_miss`);
     None when there is none (a key far from every field stays in the unused list).
 
     >>> misspelt_field({"zero_optimization": {"stage": 2, "overlap_com": True}}).message
@@ -103,7 +104,7 @@ def misspelt_field(d: dict) -> Optional[ConfigError]:
 
 def _field_hit(table: str, key: str) -> Optional[str]:
     """The field of DeepSpeed's model for ``table`` (:data:`FORBIDS_EXTRA`) closest to ``key``
-    (:func:`~meshplan.interop.common.loose_near_miss`), None when none is near."""
+    (:func:`~meshplan.interop.typos.loose_near_miss`), None when none is near."""
     return loose_near_miss(key, [k.split(".", 1)[1] for k in DEEPSPEED_KEYS if k.startswith(f"{table}.")])
 
 

@@ -16,7 +16,7 @@ given (a note says which one is used when both are), the others are neither read
 A flag given twice keeps its last value, as Megatron-LM's argparse parser does (a launch
 script often appends overrides to a shared list), with a note naming both values when they
 differ. A flag that is a near miss of one meshplan reads (``--sequence-paralel``;
-:func:`~meshplan.interop.common.near_miss`) or, not being one of Megatron-LM's 877 flags, of any
+:func:`~meshplan.interop.typos.near_miss`) or, not being one of Megatron-LM's 877 flags, of any
 of them (``--lr-decay-stlye``; :mod:`~meshplan.interop.megatron_known`) is an error naming the
 likely flag, as Megatron-LM's own parser (``allow_abbrev=False``) refuses it; other flags are
 listed, those Megatron-LM does not have in a note of their own.

@@ -18,7 +18,7 @@ from importlib import resources
 from typing import Iterable, Optional
 
 from meshplan.errors import ConfigError
-from meshplan.interop.common import near_miss
+from meshplan.interop.typos import near_miss
 
 #: The commit the list was taken at (its ``source`` line names it too).
 COMMIT = "d98e8a64dd"
@@ -38,7 +38,7 @@ def megatron_flags() -> frozenset[str]:
 def misspelt_flag(flag: str, used: Iterable[str], known: Iterable[str] = ()) -> Optional[ConfigError]:
     """The error for ``flag`` when it is neither a Megatron-LM flag (:func:`megatron_flags`) nor
     one meshplan reads (``used``) or knows from another version (``known``), and is a near miss
-    (:func:`~meshplan.interop.common.near_miss`) of one: a flag meshplan reads first (or one word
+    (:func:`~meshplan.interop.typos.near_miss`) of one: a flag meshplan reads first (or one word
     away from it, :func:`word_miss`), then any of Megatron-LM's. None otherwise.
 
     >>> misspelt_flag("--lr-decay-stlye", ["--seq-length"]).message

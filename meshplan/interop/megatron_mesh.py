@@ -53,7 +53,7 @@ def mesh_table(args: dict, deg: dict[str, int], dp: int, sharding: str) -> dict[
     pipeline split: the axes of degree > 1 and dp, named ``dp_shard`` where the ``sharding``
     shards the parameters (:func:`~meshplan.spec.mesh_words.data_axis`, as DeepSpeed's ZeRO-3
     import). etp 1 beside tp > 1 and ep > 1 is named: a ``[mesh]`` without etp gets etp = tp under
-    megatron (``config._megatron_etp``, Megatron-LM's default), so the flag's 1 would come back as tp.
+    megatron (``config_mesh.megatron_etp``, Megatron-LM's default), so the flag's 1 would come back as tp.
 
     Under :data:`TP_PP_DP` dp is outside pp (Megatron-LM's order tp-cp-ep-pp-dp); with expert
     parallelism that is a ConfigError (meshplan places its expert grid inside each pipeline stage of

@@ -192,7 +192,7 @@ def _named_etp(spec: dict, mesh: Mesh) -> dict:
     """The [mesh] table ``spec`` with ``etp = 1`` named where ep > 1 beside tp > 1 and the table
     leaves etp out (a search row's mesh, :func:`meshplan.search.candidate.candidate_config`, omits
     degree-1 axes): read back under ``framework = "megatron"`` a missing etp is tp
-    (:func:`meshplan.config._megatron_etp`, Megatron-LM's default), another mesh.
+    (:func:`meshplan.config_mesh.megatron_etp`, Megatron-LM's default), another mesh.
 
     >>> from types import SimpleNamespace as N
     >>> m = N(ep=8, etp=1, degree=lambda a: {"tp": 2}.get(a, 1))

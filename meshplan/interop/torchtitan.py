@@ -97,12 +97,13 @@ checkpoint.interval (with enable true;         [reliability] checkpoint_interval
   enable_checkpoint before cd337db)              export writes it back, in the file's spelling
 ============================================== ==============================================
 
-The pipeline split and [activation_checkpoint] are read and written by
-:mod:`meshplan.interop.torchtitan_tables`, float8 by :mod:`meshplan.interop.torchtitan_float8`;
+The degrees, the [mesh] table and the pipeline's schedule and split are read by
+:mod:`meshplan.interop.torchtitan_mesh`; the pipeline split and [activation_checkpoint] are read and
+written by :mod:`meshplan.interop.torchtitan_tables`, float8 by :mod:`meshplan.interop.torchtitan_float8`;
 torchtitan's pre-2025 float8 spellings are brought to the current layout first
 (:mod:`meshplan.interop.torchtitan_legacy`). A key of a table the reader reads ([model],
 [training], [parallelism], [activation_checkpoint], [quantize.linear.float8]) that is a near
-miss of one it reads (``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is
+miss of one it reads (``tensor_parallel_degre``; :func:`~meshplan.interop.typos.misspelt`) is
 an error naming the likely key, and so is a read key under another of those tables or
 [experimental] (``[training] tensor_parallel_degree`` of older torchtitan); other keys are
 listed as unused.
@@ -121,7 +122,6 @@ dp_replicate > 1 too, DDP (none) with dp_replicate alone; sequence parallel with
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -132,7 +132,6 @@ from meshplan.interop.common import (
     ImportOptions,
     cluster_table,
     flatten,
-    misspelt,
     model_is_mla,
     model_is_moe,
     model_layers,
@@ -140,33 +139,24 @@ from meshplan.interop.common import (
     seq_len_of,
     table_model,
 )
+from meshplan.interop.typos import misspelt
 from meshplan.interop.torchtitan_batch import BatchKeys, accumulation_divides, accumulation_note
 from meshplan.interop.torchtitan_checkpoint import checkpoint_note, read_checkpoint
 from meshplan.interop.torchtitan_ep import read_backend, read_etp
 from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, mixed_note, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
-from meshplan.spec.mesh import LOOPED_BFS_REFUSAL
+from meshplan.interop.torchtitan_mesh import DEGREES, degrees, mesh_table
 from meshplan.interop.torchtitan_tables import (
     kv_heads_read,
-    MULTI_STAGE,
-    SCHEDULE_NAMES,
-    SCHEDULES,
-    V_SCHEDULES,
-    default_split,
     read_norm,
     read_compile,
     read_cp_attention,
     read_optimizer,
     read_recompute,
 )
-from meshplan.spec.mesh import multi_stage_refusal
 from meshplan.spec.axes.tp import tp_misfit
 
-#: [parallelism] degree key -> mesh axis (torchtitan ParallelDims order, outermost first).
-DEGREES = {"pipeline_parallel_degree": "pp", "data_parallel_replicate_degree": "dp_replicate",
-           "data_parallel_shard_degree": "dp_shard", "context_parallel_degree": "cp",
-           "tensor_parallel_degree": "tp", "expert_parallel_degree": "ep", "expert_tensor_parallel_degree": "etp"}
 DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 #: torchtitan's ``training.seq_len`` when the job TOML has none (torchtitan/config/job_config.py,
 #: ``class Training``: ``seq_len: int = 2048``), and whose it is, as the import's note says.
@@ -187,71 +177,8 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
 NEAR_KEYS: frozenset[str] = frozenset()
-#: Every key a misspelling is checked against (:func:`~meshplan.interop.common.misspelt`).
+#: Every key a misspelling is checked against (:func:`~meshplan.interop.typos.misspelt`).
 READ = USED | FLOAT8 | {"model.hf_assets_path"}
-
-
-def _degrees(par: dict) -> dict[str, int]:
-    out = {}
-    for key, axis in DEGREES.items():
-        v = par.get(key, -1 if axis == "dp_shard" else 1)
-        if isinstance(v, bool) or not isinstance(v, int) or v == 0 or (v < 0 and axis != "dp_shard") or v < -1:
-            raise ConfigError(f"parallelism.{key}", f"must be a whole number >= 1"
-                              + (" (or -1: the rest of the world)" if axis == "dp_shard" else
-                                 " (only data_parallel_shard_degree takes -1)") + f"; got {v!r}")
-        out[axis] = v
-    return out
-
-
-def _pipeline(par: dict, pp: int, layers: int, notes: list[str]) -> dict:
-    """mesh keys of the pipeline: schedule, virtual stages, the layer split."""
-    if pp == 1:
-        return {}
-    raw = str(par.get("pipeline_parallel_schedule", "1F1B"))
-    sched = SCHEDULES.get(raw.lower().replace("_", ""))
-    if sched is None and raw.lower().replace("_", "") == "loopedbfs":
-        raise ConfigError("parallelism.pipeline_parallel_schedule", LOOPED_BFS_REFUSAL)
-    if sched is None:
-        raise ConfigError("parallelism.pipeline_parallel_schedule",
-                          f"{raw!r} is not planned by meshplan; use one of {', '.join(SCHEDULE_NAMES.values())}, "
-                          f"or InterleavedZeroBubble with one stage per rank")
-    parts = par.get("module_fqns_per_model_part")
-    first, last = par.get("pipeline_parallel_first_stage_less_layers", 1), \
-        par.get("pipeline_parallel_last_stage_less_layers", 1)
-    if parts:
-        split = [sum(1 for f in part if str(f).startswith("layers.")) for part in parts]
-        stages = len(parts)
-    else:
-        per = par.get("pipeline_parallel_layers_per_stage")
-        stages = math.ceil((layers + first + last) / per) if per else pp * (2 if sched in MULTI_STAGE else 1)
-        split = default_split(stages, layers, first, last)
-    if stages % pp:
-        raise ConfigError("parallelism.pipeline_parallel_degree", f"{stages} model parts do not divide over pp {pp}")
-    vpp = stages // pp
-    if sched == "zb_h1" and vpp > 1:
-        raise ConfigError("parallelism.pipeline_parallel_schedule", multi_stage_refusal(vpp))
-    if sched == "zb_h1" and not parts:  # torchtitan: a multi-stage schedule needs 2 stages per rank
-        raise ConfigError("parallelism.pipeline_parallel_layers_per_stage", f"{raw} with 1 stage per rank: torchtitan "
-                          f"refuses a multi-stage schedule with fewer than 2; give module_fqns_per_model_part with "
-                          f"{pp} parts for one stage per rank")
-    if sched in V_SCHEDULES and vpp != 2:
-        raise ConfigError("parallelism.pipeline_parallel_schedule", f"{raw} with {vpp} stages per rank; a V-shaped "
-                          f"schedule holds exactly 2 (2 x pp model parts)")
-    if sched not in V_SCHEDULES + ("zb_h1",) and (vpp > 1) != (sched == "interleaved_1f1b"):
-        raise ConfigError("parallelism.pipeline_parallel_schedule", f"{raw} with {vpp} stages per rank; a "
-                          f"single-stage schedule needs 1, Interleaved1F1B at least 2")
-    notes.append(f"layers per {'virtual ' if vpp > 1 else ''}stage {split} (torchtitan's split)")
-    return {"pp_schedule": sched, "virtual_stages": vpp, "pp_layer_split": split}
-
-
-def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict[str, Any]:
-    """[mesh]: the axes of degree != 1 in torchtitan's order (dp_shard -1 kept: meshplan
-    infers it exactly), SP with tp, loss parallel, the pipeline."""
-    axes = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp") if deg[a] != 1]
-    mesh: dict[str, Any] = {"names": axes or ["dp_shard"], "shape": [deg[a] for a in axes] or [1],
-                            "sequence_parallel": deg["tp"] > 1,
-                            "loss_parallel": not par.get("disable_loss_parallel", False)}
-    return mesh | _pipeline(par, deg["pp"], layers, notes)
 
 
 def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, model: dict,
@@ -345,7 +272,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     used |= float8_used(d)
     cluster, world = cluster_table(opts, "torchtitan")
     par = d.get("parallelism", {})
-    deg = _degrees(par)
+    deg = degrees(par)
     read_etp(par, deg, notes)
     dense = deg["pp"] * deg["dp_replicate"] * deg["cp"] * deg["tp"]
     shard = deg["dp_shard"] if deg["dp_shard"] > 0 else world // dense if world % dense == 0 else -1
@@ -365,7 +292,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
                      f"({cluster['nodes']} node(s)); torchtitan refuses that at start-up (ParallelDims): set "
                      f"parallelism.{fix}")
     tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes, revision, batch),
-              "mesh": _mesh(deg, par, model_layers(model), notes)}
+              "mesh": mesh_table(deg, par, model_layers(model), notes)}
     tables["model"] = flavor_context(model, used, tables["training"]["seq_len"], notes)  # RoPE at the job's length
     # torchtitan's loss, F.cross_entropy(pred.flatten(0, 1).float(), ...): eager unless [compile]
     # compiles it (MemoryOptions.cross_entropy; tests/test_loss_memory.py measures both)

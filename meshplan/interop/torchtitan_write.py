@@ -14,7 +14,7 @@ from typing import Any, Optional
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
-from meshplan.interop.torchtitan import DEGREES
+from meshplan.interop.torchtitan_mesh import DEGREES
 from meshplan.interop.torchtitan_custom import Flavor, llama3_flavor, not_llama3, written_flavors
 from meshplan.interop.torchtitan_ep import DEEPEP_FAMILIES, write_backend
 from meshplan.interop.torchtitan_flavors import flavor_of, flavor_refusal

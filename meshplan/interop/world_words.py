@@ -18,7 +18,7 @@ from typing import Optional
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.megatron_flags import PARALLEL
-from meshplan.interop.torchtitan import DEGREES
+from meshplan.interop.torchtitan_mesh import DEGREES
 from meshplan.mesh.axes import EXPERT_AXES
 
 #: Each format's key for a mesh axis (None: the format infers that axis and has no key for it).

@@ -38,7 +38,8 @@ from meshplan.report.memory import kind_notes, reserved_line
 from meshplan.report.plan_warnings import plan_notes, plan_warnings
 from meshplan.report.memory_plot import png_bytes
 from meshplan.spec.accuracy import mfu_caveat
-from meshplan.report.search import count_lines, header_lines, outcome_rows, rejected_lines, table_lines, top_table
+from meshplan.report.search import count_lines, outcome_rows, rejected_lines, table_lines, top_table
+from meshplan.report.search_header import header_lines
 from meshplan.report.search_fix import infeasible_verdict
 from meshplan.report.search_lines import configured_lines, table_heading
 from meshplan.report.text import DEEPEP_COLUMNS, fmt_ranks, plan_replicates

@@ -202,7 +202,7 @@ def torchtitan_layers_per_stage(layers: int, stages: int) -> Optional[int]:
     the embedding and the output each counted as a layer (the first/last_stage_less_layers defaults 1),
     and splits them as :func:`~meshplan.interop.torchtitan_tables.default_split` (pytorch/torchtitan
     e347b1e ``distributed/pipeline_parallel.py`` ``pipeline_module_split``/``generate_llm_fqn_per_model_part``,
-    which :func:`meshplan.interop.torchtitan._pipeline` reads). DeepSeek-V3 (61 layers) at pp 8 x 4: 63 / 2.
+    which :func:`meshplan.interop.torchtitan_mesh.read_pipeline` reads). DeepSeek-V3 (61 layers) at pp 8 x 4: 63 / 2.
 
     >>> torchtitan_layers_per_stage(61, 32), torchtitan_layers_per_stage(94, 16), torchtitan_layers_per_stage(94, 40)
     (2, 6, None)
