@@ -11,6 +11,8 @@ the same pairs, and its ``module_fqns_per_model_part[i]`` is stage index i's mod
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from meshplan.config import config_from_dict
@@ -103,3 +105,74 @@ def test_v_counts_of_a_per_virtual_stage_split_are_as_given():
                  "pp_layer_split": [7, 9, 9, 7]}})
     # the per-stage [14, 18] spreads back to [7, 9, 9, 7] under the V: written per stage
     assert meshplan_tables(cfg)["mesh"]["pp_layer_split"] == [14, 18]
+
+
+def test_torchtitan_default_cut_by_hand():
+    """torchtitan's default cut at one stage a rank (b5bcd76 ``_generate_llm_fqn_per_model_part``, first and
+    last stage less 1 each): layers + 2 slots, (layers + 2) // pp a stage, the remainder one each on the
+    first stages, then the embedding's slot off stage 0 and the norm + output's off the last.
+    80 layers at pp 3: 82 = 3 x 27 + 1, so [28 - 1, 27, 27 - 1] = [27, 27, 26].
+    126 layers at pp 16: 128 = 16 x 8, so [8 - 1, 8 x 14, 8 - 1] = [7, 8 x 14, 7].
+    32 layers at pp 4: 34 = 4 x 8 + 2, so [9 - 1, 9, 8, 8 - 1] = [8, 9, 8, 7].
+    The first two are the search's default split already (balanced: 80 = 3 x 26 + 2, the two over on
+    the middle stage and then stage 0; 126 = 16 x 7 + 14, the 14 over on the 14 middle stages), so a
+    torchtitan file gets no extra row there; the third is neither the even split nor Llama 3's [7, 9, 9, 7]
+    (34 slots, the 2 over on the middle stages), so a torchtitan file's short-ends row is it."""
+    from meshplan.interop.torchtitan_tables import default_split
+    from meshplan.search.candidate import stage_split, torchtitan_cut
+    for layers, pp, want in ((80, 3, [27, 27, 26]), (126, 16, [7] + [8] * 14 + [7]), (32, 4, [8, 9, 8, 7])):
+        assert torchtitan_cut(layers, pp) == want == default_split(pp, layers)  # the import's rule, the same
+        assert stage_split(layers, pp, 1, short=True, titan=True) == want
+    assert stage_split(80, 3, 1) == [27, 27, 26] and stage_split(126, 16, 1) == [7] + [8] * 14 + [7]
+    assert stage_split(32, 4, 1) is None and stage_split(32, 4, 1, short=True) == [7, 9, 9, 7]
+
+
+def _searched(catalog: str, origin: str):
+    from dataclasses import replace
+    cfg = config_from_dict({"model": {"catalog": catalog}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 64, "seq_len": 4096, "framework": "torch"}},
+                           require_mesh=False)
+    return replace(cfg, origin=origin)
+
+
+def test_search_rows_of_a_torchtitan_file_take_its_default_cut():
+    """Where the split column ``us`` gets a row of its own (search.space.short_ok) and what its plan input
+    and memory bound split (candidate_config, memory.stage_layout): for a torchtitan file at vpp 1
+    torchtitan's cut (test_torchtitan_default_cut_by_hand), for a meshplan TOML Llama 3's rule."""
+    import numpy as np
+
+    from meshplan.search.memory import stage_layout
+    from meshplan.search.space import candidate_config, enumerate_candidates, short_ok
+    titan, own = _searched("llama3-8b", "torchtitan"), _searched("llama3-8b", "")
+    # 32 layers: pp 3 cuts 34 = 3 x 11 + 1 as [11, 11, 10], the balanced split (32 = 3 x 10 + 2: stage 1,
+    # then stage 0); pp 5 34 = 5 x 6 + 4 as [6, 7, 7, 7, 5], not balanced [6, 7, 7, 6, 6]; pp 2 [16, 16] even
+    assert short_ok(titan, np.array([3, 4, 5, 2]), 1).tolist() == [False, True, True, False]
+    assert short_ok(_searched("llama3-70b", "torchtitan"), np.array([3]), 1).tolist() == [False]  # 80: balanced
+    assert short_ok(_searched("llama3-405b", "torchtitan"), np.array([16]), 1).tolist() == [False]
+    for cfg, want in ((titan, [8, 9, 8, 7]), (own, [7, 9, 9, 7])):
+        c = enumerate_candidates(cfg)
+        rows = np.flatnonzero((c.pp == 4) & (c.vpp == 1) & (c.us == 1))
+        assert rows.size and all(candidate_config(cfg, c, int(i)).mesh.pp_layer_split == want for i in rows)
+        assert stage_layout(cfg, c.take(rows[:1]), 4).n.tolist() == [want]  # the bounds' stages the same
+
+
+def test_search_ranks_an_imported_torchtitan_pp_job_as_it_runs(tmp_path):
+    """nc57 #7a: a torchtitan job of Llama-3-8B at pp 4 (1F1B, its default cut [8, 9, 8, 7] as the import
+    reads it) was 'absent' from its search ('the search splits evenly or as Llama 3'); now that split is
+    a candidate's and the configured mesh is ranked among them."""
+    from dataclasses import replace
+
+    from meshplan.interop.foreign import ImportOptions, load_any
+    from meshplan.search.driver import search
+    from meshplan.spec.search import SearchOptions
+    job = tmp_path / "tt8b_pp4.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 8\n'
+                   'global_batch_size = 64\nseq_len = 4096\n[parallelism]\ndata_parallel_shard_degree = -1\n'
+                   'pipeline_parallel_degree = 4\npipeline_parallel_microbatch_size = 1\n'
+                   '[activation_checkpoint]\nmode = "full"\n')
+    cfg = load_any(job, "torchtitan", ImportOptions(cluster="dgx-h100", nodes=1))
+    assert cfg.mesh is not None and cfg.mesh.pp_layer_split == [8, 9, 8, 7]
+    narrow = SearchOptions(pp=[4], tp=[1], cp=[1], micro_batch=[1], recompute=["full"], sharding=["zero3"], vpp=[1])
+    mine = search(replace(cfg, search=narrow), workers=1).configured
+    assert mine is not None and mine.status == "ranked", mine
+
