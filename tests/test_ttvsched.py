@@ -176,3 +176,29 @@ def test_search_ranks_an_imported_torchtitan_pp_job_as_it_runs(tmp_path):
     mine = search(replace(cfg, search=narrow), workers=1).configured
     assert mine is not None and mine.status == "ranked", mine
 
+
+def test_search_export_keeps_the_torchtitan_py_values(tmp_path, capsys):
+    """``search --export N --to torchtitan -o FILE.py`` of an import of newcomer trial nc57's b5bcd76 registry
+    (llama3_8b; its [source] names the .py and the function) keeps what the .py states and meshplan does not
+    plan, as ``export`` of the same TOML does (tests/test_nclose_fixes.py): hf_assets_path
+    "./assets/hf/Llama-3.1-8B", 1000 steps, default_adamw(lr=3e-4), the checkpoint every 500 steps, none of
+    them torchtitan's defaults ("./tests/assets/tokenizer", 10000, 8e-4). Searching the .py itself
+    (``--config llama3_8b``) keeps them too. Before this branch both wrote b5bcd76's names with the defaults."""
+    from tests.cli_run import run_cli
+    folder = tmp_path / "llama3"
+    folder.mkdir()
+    reg = folder / "config_registry.py"
+    reg.write_text((Path(__file__).parent / "data" / "nc57b" / "llama3" / "config_registry.py.txt").read_text())
+    toml = tmp_path / "j8.toml"
+    assert run_cli(["import", "auto", reg, "--config", "llama3_8b", "--cluster", "dgx-h100", "--nodes", "1",
+                    "-o", toml], capsys)[0] == 0
+    toml.write_text(toml.read_text() + "\n[search]\ntp = [2]\npp = [1]\ncp = [1]\nmicro_batch = [2]\n")
+    for args, out in (([toml], tmp_path / "s8.py"),
+                      ([reg, "--config", "llama3_8b", "--cluster", "dgx-h100", "--nodes", "1"], tmp_path / "s9.py")):
+        code, stdout, stderr = run_cli(["search", *args, "--top", "1", "--export", "1", "--to", "torchtitan",
+                                        "-o", out], capsys)
+        text = out.read_text()
+        assert code == 0 and "def llama3_8b() -> Trainer.Config:" in text
+        assert 'hf_assets_path="./assets/hf/Llama-3.1-8B"' in text and "steps=1000," in text
+        assert "default_adamw(lr=0.0003)" in text and "interval=500" in text and 3e-4 == 0.0003
+        assert ": optimizer, training.steps, checkpoint.enable, checkpoint.interval, hf_assets_path" in stdout + stderr
