@@ -81,6 +81,24 @@ def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
     return header, [out, py]
 
 
+def python_source(config: Path, cfg, function: Optional[str], revision: Optional[str],
+                  to: str) -> tuple[Path, Optional[str], bool]:
+    """The torchtitan Python config whose values ``export --to torchtitan`` (and ``search --export``)
+    keeps, as (file, function, whether it is one): ``config`` itself where it is a torchtitan ``.py``
+    (``function``: its ``--config``); else, for ``--to torchtitan``, the ``.py`` an import read, named
+    by ``cfg``'s [source] (its ``config`` the function), where it still exists and ``revision`` is
+    none or its own (another revision: a note, and the plan alone); else (``config``, ``function``, False)."""
+    python = cfg.origin == "torchtitan" and is_python_job(config, config_text(config))
+    if not python and to == "torchtitan" and cfg.source is not None and cfg.source_config and \
+            Path(cfg.source[0]).is_file():  # an import of a .py: its [source], in its own revision's names
+        own = source_revision(Path(cfg.source[0]), cfg.source_config)
+        if revision is None or revision == own:
+            return Path(cfg.source[0]), cfg.source_config, True
+        _echo(f"note: {cfg.source[0]}, the [source] of {config}, is in torchtitan {own}'s names: "
+              f"--torchtitan-revision {revision} writes the plan alone, carrying none of its values")
+    return config, function, python
+
+
 def _flavor_file(out: Path | _Stdout, force: bool) -> Path:
     """The ``.py`` beside the job TOML ``out`` that registers its llama3 flavor; a ConfigError naming
     ``-o`` for stdout (two files), for an ``-o`` that is that ``.py`` itself, where the ``.py`` exists
@@ -179,16 +197,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
         raise bad
     user, gone = carried_source(config, foreign.fmt, cfg)
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
-    python = cfg.origin == "torchtitan" and is_python_job(config, config_text(config))
-    py, function = config, foreign.options().job_config
-    if not python and to == "torchtitan" and cfg.source is not None and cfg.source_config and \
-            Path(cfg.source[0]).is_file():  # an import of a .py: its [source], in its own revision's names
-        own = source_revision(Path(cfg.source[0]), cfg.source_config)
-        if revision is None or revision == own:
-            py, function, python = Path(cfg.source[0]), cfg.source_config, True
-        else:
-            _echo(f"note: {cfg.source[0]}, the [source] of {config}, is in torchtitan {own}'s names: "
-                  f"--torchtitan-revision {revision} writes the plan alone, carrying none of its values")
+    py, function, python = python_source(config, cfg, foreign.options().job_config, revision, to)
     pyjob = target(out, revision, name, py, python, function) if to == "torchtitan" else None
     if python and to == "torchtitan" and pyjob is None:  # nc57 #6: the job TOML asked for by -o's suffix
         _echo(f"note: {py.name} is torchtitan's Python config; this job TOML carries none of its other values: "

@@ -29,7 +29,7 @@ from meshplan.cli.common import (
     _write_text,
     _wrote,
 )
-from meshplan.cli.interop_cmds import _flavor_file, _write_export
+from meshplan.cli.interop_cmds import _flavor_file, _write_export, python_source
 from meshplan.cli.search_frameworks_cmd import CrossExport, search_frameworks
 from meshplan.cli.search_rows import export_choice
 from meshplan.cli.foreign_opts import Foreign, foreign_options
@@ -308,7 +308,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         result = search(cfg, progress=bar)
     result = widen(result)  # no row and [search] cp narrowed: the fastest row with every cp, for the fix
     print_search(result, _console())
-    _search_outputs(result, cfg, config, pick, to, out, force, (user, carried), json_path, html_path, (cal, kern))
+    _search_outputs(result, cfg, config, pick, to, out, force, (user, carried, foreign.options().job_config),
+                    json_path, html_path, (cal, kern))
 
 
 def _refuse_search_options(names: tuple, pick, framework: Optional[str], html_path: Optional[Path],
@@ -354,9 +355,9 @@ def _one_framework(cfg, names: tuple, pick, html_path: Optional[Path]):
 
 def _search_outputs(result, cfg, config: Path, pick, to: str, out: Optional[Path], force: bool, source: tuple,
                     json_path: Optional[Path], html_path: Optional[Path], notes: tuple) -> None:
-    """After the table: the routing and balance notes, the --export row (``source``: the user file
-    and the lines it carries), --json, --html, the timing line and the exit (0: a row fits)."""
-    (user, carried), (cal, kern) = source, notes
+    """After the table: the routing and balance notes, the --export row (``source``: the user file,
+    the lines it carries and a torchtitan .py's ``--config``), --json, --html, the timing line and the exit (0: a row fits)."""
+    (user, carried, job_config), (cal, kern) = source, notes
     widest = max((int(result.candidates.ep[e.index]) for e in result.top), default=1)
     if (caveat := routing_note(cfg.model, widest, cfg.training.moe_dispatcher)) is not None:  # what ep rows model
         _echo(caveat)
@@ -364,8 +365,12 @@ def _search_outputs(result, cfg, config: Path, pick, to: str, out: Optional[Path
         _echo(f"note: {moe}")
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = export_choice(result, pick, to)
-        pyjob = target(out, None, None, config, False, None) if to == "torchtitan" else None  # -o FILE.py
-        _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_warnings(result, pick)],
+        # -o FILE.py: a Python config, keeping the values of the torchtitan .py searched or imported
+        # (its [source]), as export does (python_source)
+        py, function, python = python_source(config, cfg, job_config, None, to)
+        pyjob = target(out, None, None, py, python, function) if to == "torchtitan" else None
+        named = f"search {config} {what}" + (f" with {py}, its [source]" if pyjob is not None and py != config else "")
+        _write_export(row, to, out, named, force, user, [*carried, *export_warnings(result, pick)],
                       pyjob)
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:

@@ -31,6 +31,7 @@ from meshplan.config import Config
 from meshplan.interop.deepspeed_zeropp import ZEROPP_KEYS
 from meshplan.interop.megatron_write import sharding_flags
 from meshplan.interop.torchtitan_split import split_setting
+from meshplan.interop.torchtitan_tables import V_SCHEDULES
 from meshplan.interop.torchtitan_tables import SCHEDULE_NAMES
 from meshplan.interop.world_words import KEYS
 from meshplan.keymap import OWN, KeyMap
@@ -110,7 +111,8 @@ def keymap_of(cfg: Config) -> KeyMap:
     micro = "parallelism.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"
     new = cfg.training.op_sac_policy == "b5bcd76"
     cut = cfg.mesh is None or cfg.mesh.pp_schedule != "zb_h1"  # InterleavedZeroBubble: the names only
-    own = replace(own, splits=lambda split, chunks: split_setting(cfg.model.layers, split, chunks, new, cut))
+    vee = cfg.mesh is not None and cfg.mesh.pp_schedule in V_SCHEDULES  # ZB-V, DualPipeV: the parts as a V
+    own = replace(own, splits=lambda split, chunks: split_setting(cfg.model.layers, split, chunks, new, cut, vee))
     if not new:
         return replace(own, fields={**own.fields, "training.micro_batch": micro})
     # a config registry in b5bcd76's names (planned as b5bcd76: op_sac_policy) sets async TP on CompileConfig

@@ -28,7 +28,7 @@ from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import catalog_model_name
-from meshplan.mesh.layers import stage_layers
+from meshplan.mesh.chunk_maps import chunk_map, virtual_counts
 from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh, world_error
 from meshplan.spec.mesh import MeshSpec
 
@@ -106,16 +106,19 @@ def resolved(cfg: Config) -> Mesh:
 
 
 def virtual_split(cfg: Config, mesh: Mesh) -> Optional[list[int]]:
-    """Layers per virtual stage (``chunk * pp + stage``) the plan uses, or None with pp 1.
+    """Layers per virtual stage in model order the plan uses (looped: virtual stage ``chunk * pp +
+    stage``; under ZB-V and DualPipeV stage s holds virtual stages s and ``2 pp - 1 - s``:
+    :func:`~meshplan.mesh.chunk_maps.chunk_map`), or None with pp 1.
 
     ConfigError when the layers cannot be assigned (the plan's own reason)."""
     pp, vpp = mesh.degree("pp"), mesh_spec(cfg).virtual_stages
     if pp == 1:
         return None
-    layers = stage_layers(cfg.model.layers, pp, vpp, mesh_spec(cfg).pp_layer_split)
-    if isinstance(layers, str):
-        raise ConfigError("mesh.pp_layer_split", layers)
-    return [len(layers[k][c]) for c in range(vpp) for k in range(pp)]
+    counts = virtual_counts(cfg.model.layers, pp, vpp, mesh_spec(cfg).pp_layer_split,
+                            chunk_map(mesh_spec(cfg).pp_schedule))
+    if isinstance(counts, str):
+        raise ConfigError("mesh.pp_layer_split", counts)
+    return counts
 
 
 def model_table(cfg: Config) -> dict:
@@ -168,12 +171,11 @@ def meshplan_tables(cfg: Config) -> dict[str, dict]:
     spec = mesh_spec(cfg).model_dump(mode="json", exclude_defaults=True)
     split = virtual_split(cfg, mesh)
     if split is not None:
-        vpp = spec.get("virtual_stages", 1)
-        per_stage = [sum(split[c * mesh.degree("pp") + k] for c in range(vpp)) for k in range(mesh.degree("pp"))]
+        vpp, pp, vs = spec.get("virtual_stages", 1), mesh.degree("pp"), chunk_map(mesh_spec(cfg).pp_schedule)
+        per_stage = [sum(split[vs(c, k, pp, vpp)] for c in range(vpp)) for k in range(pp)]
         # per stage when the plan's chunking of it is the default one, else per virtual stage
-        again = stage_layers(cfg.model.layers, mesh.degree("pp"), vpp, per_stage)
-        spec["pp_layer_split"] = per_stage if not isinstance(again, str) and [
-            len(again[k][c]) for c in range(vpp) for k in range(mesh.degree("pp"))] == split else split
+        spec["pp_layer_split"] = per_stage if virtual_counts(cfg.model.layers, pp, vpp, per_stage, vs) == split \
+            else split
     else:  # pp 1: no pipeline, so no pipeline key (the schedule's default is dumped as a name: written otherwise)
         spec = {k: v for k, v in spec.items() if k not in PIPELINE_KEYS}
     spec = _named_etp(spec, mesh)

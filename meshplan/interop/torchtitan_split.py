@@ -13,9 +13,13 @@ evenly over ``layers + first + last`` slots, the embedding counted as
 :func:`split_setting` writes those two counts (and ``pipeline_parallel_layers_per_stage`` where the
 parts are not torchtitan's default number) where torchtitan's own cut gives the split, else the
 module names, as ``export --to torchtitan`` writes them (:func:`~meshplan.interop.torchtitan_tables.model_parts`,
-the output Linear ``lm_head`` at b5bcd76, ``output`` before). The parts are in virtual-stage order
-(chunk x pp + stage), each stage's layers spread over its chunks as the plan spreads them
-(:func:`~meshplan.mesh.layers.stage_layers`)."""
+the output Linear ``lm_head`` at b5bcd76, ``output`` before). The parts are in model order
+(part i holds the layers after part i - 1's), each stage's layers spread over its chunks as the plan
+spreads them (:func:`~meshplan.mesh.layers.stage_layers`) under the schedule's chunk map: part
+``chunk x pp + stage`` looped, but under ZBVZeroBubble and DualPipeV rank s holds parts s and
+``2 pp - 1 - s`` (torchtitan b5bcd76 ``_get_pp_rank_to_stage_indices_mapping``, torch's
+``generate_stage_to_rank_mapping(style="v")``: :func:`~meshplan.mesh.chunk_maps.v_shaped`), so a
+stage's two chunks are the parts at both ends of the V, not s and pp + s."""
 
 from __future__ import annotations
 
@@ -25,22 +29,25 @@ from typing import Optional
 
 from meshplan.errors import ConfigError
 from meshplan.interop.torchtitan_tables import default_split, model_parts
-from meshplan.mesh.layers import stage_layers
+from meshplan.mesh.chunk_maps import v_shaped, virtual_counts
+from meshplan.mesh.layers import looped
 
 #: The first/last_stage_less_layers values tried for torchtitan's own cut (its default 1 each).
 LESS = (1, 0, 2, 3)
 
 
-def parts_of(layers: int, split: list[int], chunks: int) -> Optional[list[int]]:
-    """Layers per model part (virtual stage, chunk x pp + stage) of the per-stage ``split`` with
-    ``chunks`` chunks a stage; None where the layers cannot be assigned.
+def parts_of(layers: int, split: list[int], chunks: int, v_shape: bool = False) -> Optional[list[int]]:
+    """Layers per model part (virtual stage, in model order) of the per-stage ``split`` with
+    ``chunks`` chunks a stage, placed looped (part chunk x pp + stage) or, ``v_shape``, as a V
+    (ZBVZeroBubble, DualPipeV: module docstring); None where the layers cannot be assigned.
 
     >>> parts_of(61, [7, 8, 8, 8, 8, 8, 8, 6], 2)
     [3, 4, 4, 4, 4, 4, 4, 3, 4, 4, 4, 4, 4, 4, 4, 3]
+    >>> parts_of(10, [4, 6], 2), parts_of(10, [4, 6], 2, v_shape=True)  # V: stage 0 holds parts 0 and 3
+    ([2, 3, 2, 3], [2, 3, 3, 2])
     """
-    pp = len(split)
-    at = stage_layers(layers, pp, chunks, split)
-    return None if isinstance(at, str) else [len(at[k][c]) for c in range(chunks) for k in range(pp)]
+    counts = virtual_counts(layers, len(split), chunks, split, v_shaped if v_shape else looped)
+    return None if isinstance(counts, str) else counts
 
 
 def _own_cut(layers: int, parts: list[int], chunks: int) -> Optional[str]:
@@ -65,11 +72,13 @@ def _own_cut(layers: int, parts: list[int], chunks: int) -> Optional[str]:
     return None
 
 
-def split_setting(layers: int, split: list[int], chunks: int, lm_head: bool, own_cut: bool = True) -> Optional[str]:
+def split_setting(layers: int, split: list[int], chunks: int, lm_head: bool, own_cut: bool = True,
+                  v_shape: bool = False) -> Optional[str]:
     """torchtitan's setting of the per-stage ``split`` of ``layers`` layers with ``chunks`` chunks a
     stage (module docstring); ``lm_head``: the output Linear's name at b5bcd76; ``own_cut``: whether
     torchtitan's own cut may be named (not for InterleavedZeroBubble at one stage a rank, which it cuts
-    only from the names: :mod:`meshplan.interop.torchtitan`). None where the layers cannot be
+    only from the names: :mod:`meshplan.interop.torchtitan`); ``v_shape``: the schedule is ZBVZeroBubble
+    or DualPipeV (the parts placed as a V: :func:`parts_of`). None where the layers cannot be
     assigned (the caller keeps meshplan's words).
 
     Llama-3-8B's 32 layers at pp 2 as [15, 17]: torchtitan's cut of 32 + 2 + 0 = 34 slots in 2 is 17
@@ -86,7 +95,7 @@ def split_setting(layers: int, split: list[int], chunks: int, lm_head: bool, own
     >>> tt.count("], ["), tt.endswith('["layers.58", "layers.59", "layers.60", "norm", "output"]]')
     (15, True)
     """
-    parts = parts_of(layers, split, chunks)
+    parts = parts_of(layers, split, chunks, v_shape)
     if parts is None or sum(parts) != layers:
         return None
     own = _own_cut(layers, parts, chunks) if own_cut else None

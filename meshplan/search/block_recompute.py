@@ -43,7 +43,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.mesh.layers import stage_layers
-from meshplan.search.candidate import megatron_split, stage_split
+from meshplan.search.candidate import megatron_split, stage_split, titan_split
 from meshplan.search.columns import RECOMPUTE
 
 #: The ``block`` rule's one-line reason (:mod:`meshplan.search.reasons`), which the exact planner's
@@ -86,12 +86,12 @@ def chunk_layers(cfg: Config, pp: np.ndarray, vpp: np.ndarray, us: np.ndarray) -
     >>> chunk_layers(cfg, np.array([1, 4, 4, 3]), np.array([1, 1, 2, 1]), np.array([0, 0, 0, 0])).tolist()
     [32, 8, 4, 11]
     """
-    layers, first_last = cfg.model.layers, megatron_split(cfg)
+    layers, first_last, titan = cfg.model.layers, megatron_split(cfg), titan_split(cfg)
     key = np.stack([pp, vpp, us], axis=1) if len(pp) else np.zeros((0, 3), dtype=np.int64)
     uniq, inv = np.unique(key, axis=0, return_inverse=True)
     out = np.zeros(len(uniq), dtype=np.int64)
     for k, (p, v, u) in enumerate(uniq.tolist()):
-        split = stage_split(layers, p, v, bool(u), first_last)
+        split = stage_split(layers, p, v, bool(u), first_last, titan)
         stages = stage_layers(layers, p, v, split)
         out[k] = 0 if isinstance(stages, str) else max(len(ch) for st in stages for ch in st)
     return out[inv.reshape(-1)]

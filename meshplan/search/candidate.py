@@ -12,6 +12,8 @@ from typing import Optional
 import numpy as np
 
 from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.interop.torchtitan_tables import default_split
 from meshplan.mesh.layers import balanced_split, ends_short_split, first_last_split
 from meshplan.search.columns import FSDP_SHARDINGS, LAYER_AC_FREQ, RECOMPUTE, SHARDING, Candidates, axis_shown, candidate_schedule
 from meshplan.spec.axes.registry import search_axes
@@ -20,9 +22,49 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.spec.training_checks import zeropp_keys_set
 from meshplan.spec.training_fields import deepspeed_grad_dtype
 
-def stage_split(layers: int, pp: int, vpp: int, short: bool = False, first_last: bool = False):
+def torchtitan_cut(layers: int, pp: int) -> Optional[list[int]]:
+    """Layers per stage as torchtitan cuts ``layers`` over ``pp`` single-stage parts by default
+    (:func:`~meshplan.interop.torchtitan_tables.default_split` with its first/last stage less 1 each:
+    ``layers + 2`` slots, ``(layers + 2) // pp`` a stage, the remainder one each on the first stages,
+    the embedding's slot off the first and the norm + output's off the last; pytorch/torchtitan b5bcd76
+    ``distributed/pipeline_parallel.py`` ``_generate_llm_fqn_per_model_part``); None where a stage
+    would hold no layer. With ``r = (layers + 2) % pp`` it is :func:`~meshplan.mesh.layers.balanced_split`
+    where r is 0 or 1 and :func:`ends_short_split` where r is 0 or pp - 1, neither else (pp >= 4):
+    80 layers at pp 3 and 126 at pp 16 are the default (balanced) split, Llama-3-8B's 32 at pp 4 is
+    [8, 9, 8, 7], which for a torchtitan file (:func:`titan_split`) is the ``us`` row's split.
+
+    torchtitan's default cut of 2 x pp parts for a multi-stage schedule is searched only where it is
+    Llama 3's rule, ``(layers + 2) % (pp x vpp)`` 0 at pp >= 3 (the same parts): its other cuts give a
+    stage chunks two layers apart (80 layers at pp 2 x vpp 2: [20, 21, 20, 19], stage 1 holding 21 and
+    19), which the bounds' chunk terms (a stage's chunks at most one layer apart: ``Stages.n_chunk``,
+    ``n_chunk_hi`` of :mod:`meshplan.search.memory`) do not cover; such a configured mesh is planned
+    exactly and ranked beside the candidates (``your mesh ... would rank``).
+
+    >>> torchtitan_cut(80, 3), torchtitan_cut(126, 16) == [7] + [8] * 14 + [7], torchtitan_cut(32, 4)
+    ([27, 27, 26], True, [8, 9, 8, 7])
+    """
+    try:
+        split = default_split(pp, layers)
+    except ConfigError:
+        return None
+    return split if pp <= layers and min(split) >= 1 else None
+
+
+def titan_split(cfg: Config) -> bool:
+    """Whether the search plans ``cfg``'s short-ends candidates (column ``us``) at vpp 1 with
+    torchtitan's own default cut (:func:`torchtitan_cut`) rather than Llama 3's rule
+    (:func:`ends_short_split`): a torchtitan file under framework torch, read directly
+    (``cfg.origin``) or through an import's [source] table, whose job torchtitan splits so unless it
+    lists module names (newcomer trial nc57 #7a)."""
+    return cfg.training.framework == "torch" and (
+        cfg.origin == "torchtitan" or (cfg.source is not None and cfg.source[1] == "torchtitan"))
+
+
+def stage_split(layers: int, pp: int, vpp: int, short: bool = False, first_last: bool = False,
+                titan: bool = False):
     """``pp_layer_split`` of a candidate: :func:`ends_short_split` when ``short`` (per stage,
-    with vpp > 1 spread over the chunks by :func:`~meshplan.mesh.layers.stage_layers`); else None
+    with vpp > 1 spread over the chunks by :func:`~meshplan.mesh.layers.stage_layers`), with
+    ``titan`` (:func:`titan_split`) and vpp 1 :func:`torchtitan_cut`; else None
     when pp divides the layers (even stages) or vpp > 1, else
     :func:`~meshplan.mesh.layers.balanced_split`, or with ``first_last`` (``training.framework =
     "megatron"``, :func:`megatron_split`) :func:`~meshplan.mesh.layers.first_last_split`, the only
@@ -37,7 +79,7 @@ def stage_split(layers: int, pp: int, vpp: int, short: bool = False, first_last:
     ([4, 3, 3], [4, 4, 2])
     """
     if short:
-        return ends_short_split(layers, pp, vpp)
+        return torchtitan_cut(layers, pp) if titan and vpp == 1 else ends_short_split(layers, pp, vpp)
     if pp == 1 or vpp > 1 or layers % pp == 0 or pp > layers:
         return None
     return (first_last and first_last_split(layers, pp)) or balanced_split(layers, pp)
@@ -179,7 +221,7 @@ def candidate_config(cfg: Config, c: Candidates, i: int, block: Optional[int] = 
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
     mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,
                     virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp, bool(c.us[i]),
-                                                  megatron_split(cfg)),
+                                                  megatron_split(cfg), titan_split(cfg)),
                     pp_schedule=candidate_schedule(vpp, int(c.ps[i])))
     rc, n = RECOMPUTE[c.rc[i]], None
     if rc == "block":

@@ -17,7 +17,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.resolve import Infeasible as Unresolved, Mesh, resolve_mesh
-from meshplan.search.candidate import candidate_config
+from meshplan.search.candidate import candidate_config, titan_split
 from meshplan.search.columns import LAYER_AC_FREQ, PIPELINE, RECOMPUTE, SHARDING, Candidates
 from meshplan.search.space_recompute import searched_recompute
 from meshplan.spec.axes.registry import search_axes
@@ -121,7 +121,9 @@ def _differs(cfg: Config, a: MeshSpec, row: Config) -> Optional[str]:
                 "tp innermost")
     split_a = _per_virtual(cfg, a)  # per virtual stage both: a Megatron import's [1, 2, .., 2, 1] is the
     if split_a != _per_virtual(cfg, b) and len(set(split_a or [0])) > 1:  # search's per-stage Llama 3 split
-        return f"mesh.pp_layer_split {a.pp_layer_split}: the search splits evenly or as Llama 3 (lighter ends)"
+        return (f"mesh.pp_layer_split {a.pp_layer_split}: the search splits evenly or as "
+                + ("torchtitan's default cut (lighter ends) at vpp 1, Llama 3's with virtual stages"
+                   if titan_split(cfg) else "Llama 3 (lighter ends)"))
     if a.pp_schedule != b.pp_schedule:
         return f"mesh.pp_schedule {a.pp_schedule}: the search runs this mesh with {b.pp_schedule}"
     if a.loss_parallel != b.loss_parallel:

@@ -26,11 +26,11 @@ from meshplan.memory.workingset import head_sizes, layer_act_sizes
 from meshplan.memory.wlag import layer_weight_grad_bytes
 from meshplan.memory.offload import gpu_offloaded_kinds
 from meshplan.memory.state import SHARDED_KINDS
-from meshplan.mesh.layers import balanced_split, ends_short_split, stage_layers
+from meshplan.mesh.layers import balanced_split, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import experts_apart_degrees, local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
-from meshplan.search.candidate import megatron_split, sharding_training, stage_split
+from meshplan.search.candidate import megatron_split, sharding_training, stage_split, titan_split
 from meshplan.search.columns import RECOMPUTE, SHARDING, V_CODES, ZB_H1_CODE, Candidates, candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
@@ -216,7 +216,8 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
     """Layers, MoE layers and in-flight passes per stage of candidates with pp = ``p``
     (:func:`~meshplan.mesh.layers.stage_layers`; at vpp 1 the default split,
     :func:`~meshplan.search.candidate.stage_split`: balanced, Megatron-LM's first/last cut under
-    ``framework = "megatron"``; :func:`~meshplan.mesh.layers.ends_short_split` where ``us``, with
+    ``framework = "megatron"``; :func:`~meshplan.mesh.layers.ends_short_split` where ``us`` (at vpp 1
+    torchtitan's cut for a torchtitan file, :func:`~meshplan.search.candidate.torchtitan_cut`), with
     vpp > 1 too)."""
     L, D = cfg.model.layers, (cfg.model.dense_layers if cfg.model.is_moe else cfg.model.layers)
     k = np.arange(p)[None, :]
@@ -228,7 +229,7 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
     if split is not None:
         n = np.where(v == 1, np.array(split, dtype=np.int64)[None, :], n)
     for vv in np.unique(c.vpp[c.us > 0]).tolist():  # the Llama 3 split where the candidate has it
-        short = ends_short_split(L, p, int(vv))
+        short = stage_split(L, p, int(vv), True, megatron_split(cfg), titan_split(cfg))  # Llama 3's, torchtitan's
         if short is not None:
             n = np.where(((c.us > 0) & (c.vpp == vv))[:, None], np.array(short, dtype=np.int64)[None, :], n)
     start = np.cumsum(n, axis=1) - n
@@ -276,7 +277,7 @@ def _dense_of_chunks(cfg: Config, c: Candidates, p: int) -> np.ndarray:
     keys = np.stack([c.vpp, c.ps, c.us], axis=1)
     for vv, ps, us in np.unique(keys, axis=0).tolist():
         rows = (c.vpp == vv) & (c.ps == ps) & (c.us == us)
-        chunks = stage_layers(L, p, vv, stage_split(L, p, vv, bool(us), megatron_split(cfg)),
+        chunks = stage_layers(L, p, vv, stage_split(L, p, vv, bool(us), megatron_split(cfg), titan_split(cfg)),
                               virtual_stage=get(candidate_schedule(vv, ps)).virtual_stage)
         if isinstance(chunks, str):  # rejected by the layers rule: nothing to count
             continue

@@ -57,7 +57,10 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
   stage the same slots), each stage's layers spread over its chunks by
   :func:`~meshplan.mesh.layers.stage_layers` (the short chunks at the model's ends: 14
   layers, pp 4, vpp 2 give stages 3, 4, 4, 3 and virtual stages 1, 2, 2, 2 | 2, 2, 2, 1), as
-  Llama 3 405B ran its 126 layers at pp 16 (Dubey et al. 2024, 3.3.2). The V-shaped schedules keep even chunks. The bounds take the stage's
+  Llama 3 405B ran its 126 layers at pp 16 (Dubey et al. 2024, 3.3.2). The V-shaped schedules keep even chunks.
+  For a torchtitan file the vpp 1 row of this kind is torchtitan's default cut instead, where it is
+  not the default split already (which splits, and which torchtitan cuts are not searched and why:
+  :func:`~meshplan.search.candidate.torchtitan_cut`). The bounds take the stage's
   shortest chunk (``Stages.n_chunk``) where a smaller count lowers them and its longest
   (``n_chunk_hi``) where a larger one raises them.
 
@@ -100,7 +103,7 @@ from meshplan.search.columns import (FSDP_SHARDINGS, PIPELINE, RECOMPUTE, SEARCH
 from meshplan.search.reasons import (CODE, OK, REASONS, first_reason, reason_table,  # noqa: F401
                                      reason_texts, zero1_refused)
 from meshplan.search.candidate import (accumulates, candidate_config, megatron_split,  # noqa: F401
-                                       sharding_knobs, sharding_training, stage_split)
+                                       sharding_knobs, sharding_training, stage_split, titan_split)
 from meshplan.search.space_recompute import layer_for_op, layer_rows, op_recompute_ok, searched_recompute
 from meshplan.search.block_recompute import block_searched, chunk_layers
 
@@ -180,14 +183,20 @@ def short_ok(cfg: Config, pp: np.ndarray, vpp) -> np.ndarray:
     ``--decoder-first/last-pipeline-num-layers`` set it (:func:`~meshplan.mesh.layers.first_last_sets`)
     and it differs from the default split (:func:`stage_split`, Megatron-LM's cut, which it equals
     wherever pp does not divide the layers and it is set: 61 layers at pp 8 give [7, 8 x 6, 6] both
-    ways); with vpp > 1 it is Megatron-LM's ``--account-for-embedding/loss-in-pipeline-split``."""
+    ways); with vpp > 1 it is Megatron-LM's ``--account-for-embedding/loss-in-pipeline-split``. For a
+    torchtitan file (:func:`~meshplan.search.candidate.titan_split`) at vpp 1 the row's split is
+    torchtitan's own cut (:func:`~meshplan.search.candidate.torchtitan_cut`), a candidate where it
+    differs from the default split (balanced, or even where pp divides the layers)."""
     pp = np.asarray(pp, dtype=np.int64)
     vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
     if not pp.size:
         return np.zeros(pp.shape, dtype=bool)
-    layers, megatron = cfg.model.layers, megatron_split(cfg)
+    layers, megatron, titan = cfg.model.layers, megatron_split(cfg), titan_split(cfg)
 
     def ok(p: int, v: int) -> bool:
+        if titan and v == 1:  # torchtitan's own cut where it is not the default (balanced) split already
+            cut = stage_split(layers, p, 1, short=True, titan=True)
+            return cut is not None and cut != (stage_split(layers, p, 1) or [layers // p] * p)
         split = ends_short_split(layers, p, v)
         if split is None or v > 1 or not megatron:
             return split is not None
