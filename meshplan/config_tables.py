@@ -74,8 +74,7 @@ def read_cluster(t: dict) -> ClusterSpec:
             node = build(NodeSpec, _with_nics(cluster.node.model_dump(), nic), "cluster.nic")
             cluster = cluster.model_copy(update={"node": node})
         if t:
-            raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu, "
-                                                         "fabric, nic")
+            raise _beside_system(sorted(t)[0], name)
         return cluster
     if isinstance(t.get("gpu"), str):
         with as_field("cluster.gpu"):
@@ -87,6 +86,31 @@ def read_cluster(t: dict) -> ClusterSpec:
                                              "a [cluster.node] table)")
         t["node"] = _with_nics(t["node"], t.pop("nic"))
     return build(ClusterSpec, t, "cluster")
+
+
+#: The keys of the whole-cluster form (no ``system``) that a catalog node takes when named by ``node``.
+WHOLE_CLUSTER_KEYS = ("network", "collective_library", "node")
+
+
+def _beside_system(key: str, name: str) -> ConfigError:
+    """The error for ``key`` beside ``system = name``; for a key of the whole-cluster form
+    (:data:`WHOLE_CLUSTER_KEYS`: a network engineer's ``network = [...]`` on a catalog node), the fix:
+    ``node = name`` in place of ``system``, the catalog node (its GPU kept where ``gpu`` is left out)
+    with the key beside it, as docs/input.md's RoCE example writes it (newcomer trial nc61 #3).
+
+    >>> print(_beside_system("network", "dgx-h100"))
+    cluster.network: unknown key beside system (allowed: system, nodes, gpu, fabric, nic); fix: write node = "dgx-h100" in place of system = "dgx-h100", the same catalog node and GPU with network beside it (docs/input.md)
+    >>> print(_beside_system("colour", "dgx-h100"))
+    cluster.colour: unknown key beside system; allowed: system, nodes, gpu, fabric, nic
+    """
+    if key not in WHOLE_CLUSTER_KEYS:
+        return ConfigError(f"cluster.{key}", "unknown key beside system; allowed: system, nodes, gpu, fabric, nic")
+    head = f"cluster.{key}", "unknown key beside system (allowed: system, nodes, gpu, fabric, nic); fix: "
+    if key == "node":
+        return ConfigError(head[0], head[1] + f"give system = \"{name}\" or node = NAME, not both (node with "
+                                              "network = ... names a catalog node on another network; docs/input.md)")
+    return ConfigError(head[0], head[1] + f"write node = \"{name}\" in place of system = \"{name}\", the same "
+                                          f"catalog node and GPU with {key} beside it (docs/input.md)")
 
 
 #: The keys ``[cluster] nic = { ... }`` may set on every NIC of the node.

@@ -55,6 +55,12 @@ CASES = [
     (with_("cluster.nodes", 0), "cluster.nodes", "must be a whole number of nodes, at least 1; got 0"),
     (with_("cluster.gpu", "h900"), "cluster.gpu", "unknown gpu 'h900'; known: a100-sxm-40gb, a100-sxm-80gb"),
     (with_("cluster.colour", "red"), "cluster.colour", "unknown key beside system"),
+    # newcomer trial nc61 #3: a network engineer's own network beside a catalog system had no way out;
+    # node = NAME in place of system takes the same node and GPU with the network (docs/input.md)
+    (with_("cluster.network", "superpod-hdr-su20"), "cluster.network",
+     'unknown key beside system (allowed: system, nodes, gpu, fabric, nic); fix: write node = "dgx-h100" in '
+     'place of system = "dgx-h100", the same catalog node and GPU with network beside it'),
+    (with_("cluster.node", "dgx-a100"), "cluster.node", 'fix: give system = "dgx-h100" or node = NAME, not both'),
     (with_("mesh.order", "tp-dp"), "mesh", "give either names + shape"),
     (with_("mesh.shape", None), "mesh", "names and shape must both be given"),
     # newcomer words20: [mesh.degrees] alone gave no fix; both forms named with an example
@@ -341,3 +347,15 @@ def test_torchtitan_import_errors_name_the_wrong_key(tmp_path, capsys):
     assert run_main("plan", f, "--cluster", "dgx-h100", "--nodes", "1") == 2
     assert capsys.readouterr().err == ("error: training.seq_len: must be greater than 0 (got -8192); give "
                                        "training.seq_len a positive value\n")
+
+
+def test_network_fix_offered_beside_system_works():
+    """nc61 #3: the fix the cluster.network error offers, applied, plans the same node and GPU on the
+    named network: dgx-h100 (8 x h100-sxm5-80gb, 8 NICs) on superpod-hdr-su20's tiers (leaf of 20 nodes)."""
+    data = with_("cluster.network", "superpod-hdr-su20")
+    with pytest.raises(ConfigError):
+        config_from_dict(data)
+    data["cluster"]["node"] = data["cluster"].pop("system")
+    cluster = config_from_dict(data).cluster
+    assert (cluster.node.name, cluster.gpu.name, len(cluster.node.nics)) == ("dgx-h100", "h100-sxm5-80gb", 8)
+    assert [t.nodes_per_domain for t in cluster.network] == [20, 0]

@@ -15,6 +15,7 @@ import typer
 from meshplan.cli.common import _echo
 from meshplan.cli.schedule_opt import renamed, scheduled
 from meshplan.comm.calibrate_nics import config_nic_warning
+from meshplan.placement.nccl_env import unread_leaf_oversubscription
 from meshplan.comm.calibration import load_calibrations
 from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.calibration_notes import calibration_doc
@@ -61,6 +62,9 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[C
     nic_unit = config_nic_warning(cfg.cluster)  # [cluster] nic far below the catalog node's NICs (nc54 #5)
     if nic_unit:
         _echo(nic_unit, err=True)
+    leaf_over = unread_leaf_oversubscription(cfg.cluster)  # a 2:1 leaf written on the leaf (nc61 #2)
+    if leaf_over:
+        _echo(leaf_over, err=True)
     try:
         plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels, quiet))
     except ConfigError as e:

@@ -21,6 +21,8 @@ the parameters whole: ZeRO-1, ZeRO-2, DDP and Megatron-LM's DDP buffers.
   DeepSpeed's own ZeRO-1/2 (``training.zero12_engine = "deepspeed"``): one all-reduce per
   bucket of whole parameters, every micro-batch (zero2) or once per step (zero1), then one
   all-gather of the padded flat parameters (:mod:`meshplan.comm.deepspeed_zero12`).
+- ZeRO-1/2 with dp_replicate > 1 (Megatron-LM's partial distributed optimizer): each rank's reduced
+  shard is also all-reduced across the replicas once per step (:func:`_replica_rows`).
 - Every gradient reduction (FSDP reduce-scatter, HSDP all-reduce, ZeRO-1/2 reduce-scatter, DDP
   all-reduce) is in ``training.gradient_reduce_dtype``: ``training.grad_reduce_dtype = "fp32"``
   gives Megatron-LM's fp32 main-gradient reduction.
@@ -94,6 +96,28 @@ def _unsharded_rows(add, c: StageContext) -> None:
                 per_step=1)
         else:
             _ddp_rows(add, c, axis)
+        if t.sharding in ("zero1", "zero2"):
+            _replica_rows(add, c, axis, numel)
+
+
+#: Cadence of ZeRO-1/2's all-reduce of the reduced gradient shard across dp_replicate (:func:`_replica_rows`).
+REPLICA_CADENCE = ("once per step (the reduced gradient shard across the replicas: Megatron-LM's partial "
+                   "distributed optimizer, --num-distributed-optimizer-instances)")
+
+
+def _replica_rows(add, c: StageContext, axis: str, numel: int) -> None:
+    """ZeRO-1/2 on a mesh with dp_replicate > 1: the optimizer state sharded over ``axis``'s
+    shards (fsdp or efsdp) within each replica, so each rank's reduced gradient shard,
+    ``numel // shards`` elements in the reduce dtype, is all-reduced across the dp_replicate
+    replicas once per step, after the reduce-scatter and before the optimizer step (Megatron-LM's
+    partial distributed optimizer: ``param_and_grad_buffer.py`` ``start_grad_sync``, "With multiple
+    DistOpt instances, we need to all-reduce across instances", an all-reduce of each bucket's
+    local shard over the inter-instance group). Without it the replicas would never exchange
+    gradients. E.g. Llama-3-8B at dp_replicate 16 x tp 4, dp_shard 1: 2,007,764,992 elements
+    x 4 B (fp32) = 8,031,059,968 B over 16 ranks. ``add`` drops it where dp_replicate is 1."""
+    rs = c.training.gradient_reduce_dtype
+    add("dp_replicate", "step", "all-reduce", numel // max(fsdp_shards(c)[axis], 1) * dtype_bytes(rs), rs, 0,
+        REPLICA_CADENCE, "optimizer step", per_step=1)
 
 
 def te_fp8_by_chunk(c: StageContext) -> Counter[int]:

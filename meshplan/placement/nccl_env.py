@@ -67,6 +67,34 @@ def inter_rail_oversubscription(cluster: ClusterSpec) -> float:
     return max((t.oversubscription for t in cluster.network[1:]), default=1.0)
 
 
+def unread_leaf_oversubscription(cluster: ClusterSpec) -> Optional[str]:
+    """A ``warning:`` line when ``cluster``'s innermost network tier (the rail leaves) of a network
+    of two or more tiers sets ``oversubscription`` > 1, which nothing reads: a leaf's uplinks are
+    taken as its nodes x the NIC rate / the outermost tier's oversubscription (the ``rail k uplinks
+    to spine`` edge-load rows, :func:`meshplan.schedule.linkload.edge_loads`), ``NCCL_CROSS_NIC``
+    reads the tiers above the leaves (:func:`inter_rail_oversubscription`), and no collective time
+    reads any tier's. A network engineer writes a 2:1 leaf on the leaf (newcomer trial nc61 #2),
+    which was silently dropped; None where the leaf's is 1 or the network has one tier.
+
+    >>> from meshplan.catalog import system
+    >>> c = system("dgx-h100", 64)
+    >>> unread_leaf_oversubscription(c) is None
+    True
+    >>> leaf = c.network[0].model_copy(update={"oversubscription": 2.0})
+    >>> print(unread_leaf_oversubscription(c.model_copy(update={"network": [leaf, c.network[1]]})))
+    warning: cluster.network: leaf oversubscription 2 is not read (the leaf's uplinks are its 32 nodes x the NIC rate / the outermost tier's oversubscription, spine 1); to model a 2:1 leaf, set oversubscription = 2 on spine (it also writes NCCL_CROSS_NIC=0 in launch); no collective time reads any tier's oversubscription
+    """
+    if len(cluster.network) < 2 or cluster.network[0].oversubscription <= 1:
+        return None
+    leaf, top = cluster.network[0], cluster.network[-1]
+    under = f"{leaf.nodes_per_domain} nodes" if leaf.nodes_per_domain else "nodes"
+    return (f"warning: cluster.network: {leaf.name} oversubscription {leaf.oversubscription:g} is not read (the "
+            f"leaf's uplinks are its {under} x the NIC rate / the outermost tier's oversubscription, {top.name} "
+            f"{top.oversubscription:g}); to model a {leaf.oversubscription:g}:1 leaf, set oversubscription = "
+            f"{leaf.oversubscription:g} on {top.name} (it also writes NCCL_CROSS_NIC=0 in launch); no collective "
+            f"time reads any tier's oversubscription")
+
+
 def cross_nic(cluster: ClusterSpec) -> Optional[str]:
     """``NCCL_CROSS_NIC`` for ranks on ``cluster`` under ``--transport ib`` with every NIC of the
     node listed: ``"0"`` on a rail-optimized node (compute NICs on more than one rail) whose
