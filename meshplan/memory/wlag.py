@@ -70,6 +70,7 @@ from meshplan.memory.layer_dims import LayerDims
 from meshplan.memory.workingset import dense_dims
 from meshplan.memory.activations import layer_options
 from meshplan.pipeline.registry import get
+from meshplan.pipeline.vshape import order_lag
 from meshplan.units import dtype_bytes
 
 
@@ -164,6 +165,24 @@ def lag_hold_bytes(model, training, mesh, schedule, stage: int, pp: int, m: int,
         + (stage == sched.last_stage(pp, vpp)) * head_norm_grad_bytes(model, training, mesh)
     return int(sched.lagging_weights(pp, m, vpp, stage)) * one
 
+
+
+def cooldown_lag_bytes(model, training, mesh, schedule, stage: int, pp: int, m: int, vpp: int, chunks) -> int:
+    """Under a V-shaped schedule (ZB-V, DualPipeV, whose W the timeline folds into B): the most output
+    gradients the cool-down's lagging W passes of ``stage`` hold at once, bytes (``chunks``: the
+    stage's layer indices per chunk): :func:`~meshplan.pipeline.vshape.order_lag` of the schedule's
+    order, each chunk pass weighted by its layers' :func:`layer_weight_grad_bytes` (and the final
+    norm's on the chunk that ends the model); 0 for other schedules. torch's B frees none of their
+    activations either (module docstring); neither is in the timeline's peak (its note says so)."""
+    sched = get(get(schedule).for_chunks(vpp))
+    if sched.frees_at_weight or not sched.virtual_stages or pp <= 1:
+        return 0
+    dense, moe = (layer_weight_grad_bytes(model, training, mesh, moe=k) for k in (False, model.is_moe))
+    head = head_norm_grad_bytes(model, training, mesh)
+    last = sched.virtual_stage(1, sched.last_stage(pp, vpp), pp, vpp)
+    per = [sum(moe if model.is_moe_layer(i) else dense for i in layers)
+           + (sched.virtual_stage(c, stage, pp, vpp) == last) * head for c, layers in enumerate(chunks)]
+    return order_lag(sched.order(pp, m, vpp, stage), weight=lambda c: per[c])
 
 def head_lag_bytes(schedule, pp: int, vpp: int, logits_grad_bytes: int, loss_saved_bytes: int) -> int:
     """On the head's stage under a ``frees_at_weight`` schedule, what a lagging W holds beyond the
