@@ -97,3 +97,34 @@ def test_torch_keeps_the_final_norm_and_logits_gradients_on_the_head():
     _, groups = stage_backward_input([loss], None, [x], head.parameters())
     kept = sorted(t.numel() for g in groups for tup in g["grads"] for t in tup if t is not None)
     assert kept == [head_norm_grad_bytes(MOE, TRAIN, ONE) // 4, 1024]
+
+
+def test_torchs_w_replays_a_checkpointed_layer_once_per_parameter_group():
+    """Two runtime Blocks (Llama-style: 9 weight groups each, weight_groups) under non-reentrant
+    checkpointing (torchtitan's early_stop false; true the same): each forward runs once in F, once
+    more in I (stage_backward_input), and 9 more times in W (stage_backward_weight: one autograd.grad
+    per parameter group, a graph task each, and the checkpoint recomputes its frame per graph task)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.checkpoint import checkpoint
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from meshplan.memory.wlag import weight_groups
+    from meshplan.runtime.execution.model import Block, rope_cos_sin, rope_head_dim
+
+    dense = ModelSpec(**BASE)
+    assert weight_groups(dense) == 9 and weight_groups(MOE, moe=True) == 13
+    assert weight_groups(ModelSpec(**MLA, q_lora_rank=16)) == 12 and weight_groups(ModelSpec(**MLA)) == 10
+    for early in (False, True):
+        torch.manual_seed(0)
+        blocks = torch.nn.ModuleList([Block(dense, 2) for _ in range(2)])
+        calls = []
+        for b in blocks:
+            b.register_forward_pre_hook(lambda *_: calls.append(1))
+        x = torch.randn(1, 16, 32, requires_grad=True)
+        h = x
+        for b in blocks:
+            h = checkpoint(b, h, rope_cos_sin(16, rope_head_dim(dense)), use_reentrant=False, early_stop=early)
+        params = list(blocks.parameters())
+        _, groups = stage_backward_input([h], [torch.ones_like(h)], [x], iter(params))
+        after_i = len(calls)
+        stage_backward_weight(iter(params), groups)
+        assert (after_i, len(calls) - after_i, len(groups)) == (4, 2 * 9, 2 * 9), early

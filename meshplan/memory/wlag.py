@@ -142,6 +142,31 @@ def layer_weight_grad_bytes(model, training, mesh, moe: bool = False) -> int:
     return out + (routed_grad_bytes(model, training, mesh) if moe else 0)
 
 
+
+def weight_groups(model, moe: bool = False) -> int:
+    """Parameter groups of one layer under torch 2.13's split backward (``get_param_groups``: one per
+    op with a weight, a Linear's bias with its weight): 2 norms; q, k, v (MLA: ``wq_a``, ``q_a_norm``,
+    ``wq_b``, or ``wq`` alone, and ``wkv_a``, ``kv_a_norm``, ``wkv_b``); ``wo``; the MLP's 3 gated
+    (2 not), or the router, the experts' 3 (2) and the shared experts' 3 (2). ``stage_backward_weight``
+    runs one ``autograd.grad`` per group, and a non-reentrant checkpoint recomputes its layer's forward
+    once per graph task that reaches it: measured (torch 2.13 CPU, two checkpointed runtime Blocks,
+    ``early_stop`` false or true) 2 forwards in F, 2 in I, 18 in W for 18 groups
+    (tests/test_wlag_layers.py), so W replays a checkpointed layer's forward this many times (one
+    cause of torchtitan issue #773's slowdown, :data:`meshplan.plan_runtime.SPLIT_BACKWARD_AC`). The
+    step does not time these replays yet: its W is the weight-gradient GEMMs alone.
+
+    >>> from meshplan.spec.model import ModelSpec
+    >>> weight_groups(ModelSpec(layers=1, hidden=64, ffn=96, q_heads=4, vocab=8))
+    9
+    """
+    mlp = 3 if model.gated_mlp else 2
+    if model.is_mla:
+        attn = (3 if model.q_lora_rank else 1) + 3 + 1
+    else:
+        attn = 4
+    ffn = 1 + mlp + (mlp if model.shared_experts else 0) if moe else mlp
+    return 2 + attn + ffn
+
 def head_norm_grad_bytes(model, training, mesh) -> int:
     """The final norm's output gradient a lagging W of the head's stage holds: ``e b r h``, ``r`` the
     rank's tokens (``ceil(s / cp)``, ``/ t`` under SP)."""
