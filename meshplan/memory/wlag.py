@@ -204,9 +204,8 @@ def cooldown_lag_bytes(model, training, mesh, schedule, stage: int, pp: int, m: 
         return 0
     dense, moe = (layer_weight_grad_bytes(model, training, mesh, moe=k) for k in (False, model.is_moe))
     head = head_norm_grad_bytes(model, training, mesh)
-    last = sched.virtual_stage(1, sched.last_stage(pp, vpp), pp, vpp)
     per = [sum(moe if model.is_moe_layer(i) else dense for i in layers)
-           + (sched.virtual_stage(c, stage, pp, vpp) == last) * head for c, layers in enumerate(chunks)]
+           + (sched.virtual_stage(c, stage, pp, vpp) == pp * vpp - 1) * head for c, layers in enumerate(chunks)]
     return order_lag(sched.order(pp, m, vpp, stage), weight=lambda c: per[c])
 
 def head_lag_bytes(schedule, pp: int, vpp: int, logits_grad_bytes: int, loss_saved_bytes: int) -> int:
