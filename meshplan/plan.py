@@ -237,7 +237,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     mesh = resolve_mesh(spec, world, gpus_per_node=c.node.gpus, filled=config.filled_axes)
     check_runnable(config, spec, mesh)
     if constraints is None:
-        constraints = cons.constraints(m, t, c, world)
+        constraints = cons.constraints(m, t, c, world, spec.pp_schedule)
     if isinstance(mesh, resolve.Infeasible):  # a tp the model refuses named first (unresolved_reasons)
         return Infeasible(config, spec, world, unresolved_reasons(m, t, spec) + mesh.reasons, constraints)
     # reshard_after_forward unset: this mesh's default (TrainingSpec.at_pp); fp8_all_gather as torchtitan runs it
@@ -292,7 +292,8 @@ def _plan(config: Config, spec, world: int, mesh, v, placement, flags: tuple, co
     tokens = shapes.tokens
     span = ep_span(mesh, placement, flex=t.moe_dispatcher == "deepep")
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches, span,
-                                   deepep=deepep_ep_copies(config, mesh, span[0], tokens)) if reports else constraints
+                                   deepep=deepep_ep_copies(config, mesh, span[0], tokens),
+                                   schedule=spec.pp_schedule) if reports else constraints
     notes = v.notes
     if t.pp_schedule_runs > 1 and mesh.degree("pp") == 1:
         notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "

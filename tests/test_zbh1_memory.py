@@ -96,3 +96,12 @@ def test_peaks_move_and_the_note_says_why(plans):
     for s in range(P):
         assert zb.timelines[s].peak.total_bytes > one.timelines[s].peak.total_bytes, s
     assert any("lagging W passes" in n and "till the weight-gradient pass" in n for n in zb.timelines[1].notes)
+
+
+def test_head_stage_holds_the_final_norms_output_gradient_too(plans):
+    """Stage 3 (the head's, lag min(8, 3 + 1) = 4): each lagging W also keeps the final norm's output
+    gradient, SP's 1024 tokens x h 2048 x 2 B = 4,194,304 B (meshplan.memory.wlag.head_norm_grad_bytes;
+    measured on torch in tests/test_wlag_layers.py)."""
+    _, zb = plans
+    held = {e.delta_bytes for e in zb.timelines[3].events() if e.label.startswith("output gradients held")}
+    assert held == {4 * (2 * LAYER_WGRAD + 1024 * 2048 * 2)}

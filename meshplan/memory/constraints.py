@@ -12,7 +12,8 @@ Kinds (the seed's "List the constraints before choosing degrees"):
 - contract: global batch, micro-batch, reduction dtype.
 
 Memory here is a first estimate (persistent state of the most loaded stage + activations
-of the micro-batches in flight (1F1B) + two gathered FSDP layers + DeepSpeed ZeRO++ hpZ's
+of the micro-batches in flight (the pipeline schedule's own count,
+:func:`~meshplan.memory.inflight.in_flight_layers`) + two gathered FSDP layers + DeepSpeed ZeRO++ hpZ's
 secondary partition (:func:`~meshplan.memory.buffers.hpz_secondary_bytes`); where FSDP reduces after
 the last micro-batch, pp > 1 or gradient accumulation, a chunk's layers gathered and their
 unsharded gradients); the per-rank timeline
@@ -33,7 +34,7 @@ from meshplan.memory.activations import embedding_terms, head_terms, layer_bytes
 from meshplan.memory.buffers import hpz_secondary_bytes
 from meshplan.memory.cp_buffers import saves_gathered_kv
 from meshplan.memory.layer_dims import LayerDims
-from meshplan.memory.inflight import in_flight_chunks
+from meshplan.memory.inflight import in_flight_layers
 from meshplan.memory.state import state_bytes
 from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.mesh.layers import balanced_split, stage_layers
@@ -119,8 +120,9 @@ def usable_bytes(cluster: ClusterSpec, training: TrainingSpec) -> float:
     return usable_hbm_bytes(cluster.gpu.hbm_bytes, training.memory_reserve)
 
 
-def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro: int) -> Estimate:
-    """First peak estimate of ``mesh`` (see the module docstring), most loaded stage."""
+def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro: int, schedule: str = "1f1b") -> Estimate:
+    """First peak estimate of ``mesh`` (see the module docstring), most loaded stage; the layers in
+    flight are ``schedule``'s own (:func:`meshplan.memory.inflight.in_flight_layers`)."""
     states = state_bytes(model, mesh, training, stages)
     pp, vpp = len(stages), len(stages[0])
     dense = next(i for i in range(model.layers) if not model.is_moe_layer(i)) if model.dense_layers or not model.is_moe else 0
@@ -146,11 +148,12 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
         # embedding alone, stage_layers)
         rep: list[int] = next((ch for ch in stages[k] if ch), [])
         chunk = len(rep)
-        act = per_layer * chunk * in_flight_chunks(k, pp, max(micro, 1), vpp) + per_layer_work
+        held = in_flight_layers(schedule, k, pp, max(micro, 1), vpp, chunk) if pp > 1 else chunk
+        act = per_layer * held + per_layer_work
         if training.recompute_num_layers is not None and training.recompute == "full":
             # Megatron-LM's block recompute: the chunk's first n layers checkpointed, the rest whole
             ck = min(training.recompute_num_layers, chunk)
-            act += (chunk - ck) * (none - full) * in_flight_chunks(k, pp, max(micro, 1), vpp)
+            act += (none - full) * held * (chunk - ck) // max(chunk, 1)
         if k == 0:
             act += sum(t.size_bytes for t in embedding_terms(dims, tp=tp, sp=sp, cp=cp))
         if k == pp - 1:
@@ -184,7 +187,7 @@ def _simple_mesh(world, pp=1, shard=1, cp=1, tp=1, sp=False):
     return resolve_mesh(spec, world)
 
 
-def _fits(model, training, world, usable, pp=1, cp=1, tp=1, sharding=None) -> tuple[bool, float]:
+def _fits(model, training, world, usable, pp=1, cp=1, tp=1, sharding=None, schedule="1f1b") -> tuple[bool, float]:
     """Whether a (pp, cp, tp) split with the rest as dp_shard fits; (fits, peak bytes)."""
     if world % (pp * cp * tp) or heads_reason(model, tp) or model.ffn % tp:
         return False, float("inf")
@@ -195,7 +198,7 @@ def _fits(model, training, world, usable, pp=1, cp=1, tp=1, sharding=None) -> tu
     mesh = _simple_mesh(world, pp, world // (pp * cp * tp), cp, tp, sp=tp > 1)
     dp = world // (pp * cp * tp)
     micro = max(training.global_batch // (training.micro_batch * dp), 1)
-    e = estimate(model, t, mesh, stages, micro)
+    e = estimate(model, t, mesh, stages, micro, schedule)
     return e.total_bytes <= usable, e.total_bytes
 
 
@@ -203,8 +206,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def constraints(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, world: int) -> Constraints:
-    """Constraint rows for ``model`` trained under ``training`` on ``world`` GPUs."""
+def constraints(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, world: int,
+                schedule: str = "1f1b") -> Constraints:
+    """Constraint rows for ``model`` trained under ``training`` on ``world`` GPUs, the pipeline
+    splits' estimates under ``schedule`` (the config's ``mesh.pp_schedule``)."""
     usable = usable_bytes(cluster, training)
     rows = [ConstraintRow("capacity", f"usable HBM per GPU = {cluster.gpu.hbm_bytes / GiB:.1f} GiB x "
                           f"(1 - reserve {training.memory_reserve:.0%}) = {usable / GiB:.1f} GiB", "")]
@@ -212,7 +217,7 @@ def constraints(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, 
         rows.append(ConstraintRow("capacity", "MoE: expert activations are not in the first estimate", "ep by capacity"))
     else:
         for sharding in capacity_shardings(training):
-            rows.append(_capacity_row(model, training, world, usable, sharding, cluster.node.gpus))
+            rows.append(_capacity_row(model, training, world, usable, sharding, cluster.node.gpus, schedule))
         rows.append(_context_row(model, training, cluster, world, usable))
     need = ceil(world * training.micro_batch / training.global_batch)
     rows.append(ConstraintRow("compute/batch", f"global batch {training.global_batch} / micro-batch "
@@ -239,11 +244,11 @@ def capacity_shardings(training: TrainingSpec) -> tuple[str, ...]:
     return ("none", "zero1") + (("zero2",) if zero2 else ()) + ("zero3",)
 
 
-def _capacity_row(model, training, world, usable, sharding, node_gpus) -> ConstraintRow:
+def _capacity_row(model, training, world, usable, sharding, node_gpus, schedule="1f1b") -> ConstraintRow:
     """Smallest tp x pp (tp kept inside one node, pp for the rest) that fits."""
     for mp in _divisors(world):
         for tp in [d for d in _divisors(mp) if d <= node_gpus][::-1]:
-            ok, peak = _fits(model, training, world, usable, pp=mp // tp, tp=tp, sharding=sharding)
+            ok, peak = _fits(model, training, world, usable, pp=mp // tp, tp=tp, sharding=sharding, schedule=schedule)
             if ok:
                 return ConstraintRow("capacity", f"sharding {sharding}, recompute {training.recompute}{ESTIMATE}: smallest split "
                                      f"(tp inside a node) that fits is tp {tp} x pp {mp // tp} (peak {peak / GiB:.1f} GiB)",
@@ -267,12 +272,12 @@ def _context_row(model, training, cluster, world, usable) -> ConstraintRow:
 
 def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                   mesh: Mesh, stages, micro: int, ep_span: tuple[int, int] = (1, 0),
-                  deepep: Optional[tuple[float, float, int]] = None) -> Constraints:
+                  deepep: Optional[tuple[float, float, int]] = None, schedule: str = "1f1b") -> Constraints:
     """Per-axis reason and the first peak estimate for ``mesh``; axes that solve no
     constraint are listed in ``unforced``. ``ep_span``: (nodes, ranks on each) of rank 0's ep
     group, for the ep line's words on its all-to-alls, ``deepep`` on the deepep dispatch's copies
     instead (:func:`meshplan.spec.axes.ep.ep_reason`)."""
-    est = estimate(model, training, mesh, stages, micro) if not model.is_moe else None
+    est = estimate(model, training, mesh, stages, micro, schedule) if not model.is_moe else None
     axes, unforced = {}, []
     world, usable = mesh.world, cons.usable_bytes
     need = ceil(world * training.micro_batch / training.global_batch)
@@ -280,7 +285,7 @@ def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, c
     for name, d in zip(mesh.layout.names, mesh.layout.shape):
         if d == 1:
             continue
-        why = _axis_reason(name, d, model, training, mesh, usable, need, mp)
+        why = _axis_reason(name, d, model, training, mesh, usable, need, mp, schedule)
         axes[name] = why or "solves no stated constraint (memory fits and the batch allows it without it)"
         if not why:
             unforced.append(name)
@@ -313,13 +318,13 @@ def _jointly_needed(mesh: Mesh, unforced: list[str], need: int, mp: int) -> dict
     return out
 
 
-def _axis_reason(name, d, model, training, mesh, usable, need, mp) -> str:
+def _axis_reason(name, d, model, training, mesh, usable, need, mp, schedule="1f1b") -> str:
     if name in ("dp_replicate", "dp") and training.sharding in ("none", "hsdp") or name == "dp_replicate":
         return f"throughput: {d} replicas of the batch"
     if name in ("dp", "dp_shard"):
         if not model.is_moe:
             ok, peak = _fits(model, training, mesh.world, usable, pp=mesh.degree("pp"), cp=mesh.degree("cp"),
-                             tp=mesh.degree("tp"), sharding="none")
+                             tp=mesh.degree("tp"), sharding="none", schedule=schedule)
             if not ok:
                 return (f"capacity: shards state {d} ways (unsharded, first estimate {peak / GiB:.1f} GiB > "
                         f"{usable / GiB:.1f} GiB); throughput: {d} batch shards")
@@ -331,7 +336,7 @@ def _axis_reason(name, d, model, training, mesh, usable, need, mp) -> str:
             return ""
         deg = {a: mesh.degree(a) for a in ("pp", "cp", "tp")}
         deg[name] = 1
-        ok, peak = _fits(model, training, mesh.world, usable, **deg)
+        ok, peak = _fits(model, training, mesh.world, usable, **deg, schedule=schedule)
         if not ok:
             return f"capacity: without it the first estimate is {peak / GiB:.1f} GiB > usable {usable / GiB:.1f} GiB"
         return ""

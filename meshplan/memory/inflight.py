@@ -48,6 +48,24 @@ def in_flight_chunks(stage: int, pp: int, m: int, vpp: int = 1) -> int:
     return int(get(ONE_F_ONE_B.for_chunks(vpp)).in_flight(pp, m, vpp, stage))
 
 
+
+def in_flight_layers(schedule, stage: int, pp: int, m: int, vpp: int, chunk_layers: int) -> int:
+    """Layers' worth of activations stage ``stage`` holds at its peak under ``schedule`` (the
+    schedule's own :meth:`~meshplan.pipeline.base.PipelineSchedule.in_flight`, walked at ``vpp``
+    chunks of ``chunk_layers`` each): chunk passes in flight x ``chunk_layers``; a V-shaped schedule
+    given the stage as one chunk (the capacity rows' splits, before its chunks exist) counts its own
+    two chunks of ``ceil(chunk_layers / 2)``.
+
+    >>> [in_flight_layers(s, 0, 4, 8, 1, 2) for s in ("1f1b", "gpipe", "zb_h1", "zbv", "dualpipev")]
+    [8, 16, 8, 8, 9]
+    >>> in_flight_layers("zb_h1", 3, 4, 8, 1, 2), in_flight_layers("1f1b", 3, 4, 8, 1, 2), in_flight_layers("1f1b", 0, 4, 8, 2, 1)
+    (8, 2, 11)
+    """
+    sched = get(get(schedule).for_chunks(vpp))
+    v = sched.chunks or vpp
+    per = chunk_layers if v == vpp else -(-chunk_layers * vpp // v)
+    return int(sched.in_flight(pp, m, v, stage)) * per
+
 def stage_layer_bytes(layer_bytes_: int, layers_per_chunk: int, stage: int, pp: int, m: int,
                       vpp: int = 1) -> int:
     """Transformer-layer activations held by stage ``stage`` at its peak, bytes:

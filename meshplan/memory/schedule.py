@@ -17,8 +17,9 @@ micro-batch's activations, is placed at its W and its B is dropped: stage s hold
 micro-batches (1F1B: ``min(m, p - s)``); the output gradients the lagging W passes hold are the
 timeline's ``w_lag`` bytes (:func:`meshplan.memory.wlag.lag_hold_bytes`). ZB-V and DualPipeV still
 fold W into B: their F-to-W count equals their F-to-B count on every rank (torch's orders at p 4,
-m 8: 8 and 9), but the output gradients of their cool-down's lagging W passes (up to 7 on ZB-V's
-last rank, 4 on DualPipeV's) are not counted.
+m 8: 8 and 9), but their cool-down's lagging W passes (``lagging_weights``: 2s + 1 on ZB-V's rank s,
+s + 1 on DualPipeV's, as torch's order) hold their activations and output gradients past B: the
+timeline's note gives them (:func:`meshplan.memory.wlag.cooldown_lag_bytes`), its peak does not.
 
 >>> stage_ops("1f1b", stage=2, pp=4, m=3)
 [('forward', 0, 0), ('forward', 0, 1), ('backward', 0, 0), ('forward', 0, 2), ('backward', 0, 1), ('backward', 0, 2)]

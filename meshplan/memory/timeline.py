@@ -38,7 +38,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from meshplan.units import GiB, counted
+from meshplan.units import GiB, counted, human_bytes
 from meshplan.memory.constraints import usable_hbm_bytes
 from meshplan.memory import reference as ref
 from meshplan.memory.allocator import AllocatorConfig
@@ -48,7 +48,7 @@ from meshplan.memory import peakscan as fast
 from meshplan.memory.passtable import Pass, PassTable, pass_table
 from meshplan.memory.peakscan import template_stats
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
-from meshplan.memory.wlag import head_lag_bytes, lag_hold_bytes
+from meshplan.memory.wlag import cooldown_lag_bytes, head_lag_bytes, lag_hold_bytes
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.unshard_window import (TORCH_WINDOW, pipeline_window, released_after, unshards,
                                               unshards_before, unshards_first)
@@ -341,8 +341,10 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
         lag = int(sched.lagging_weights(len(plan.stages), plan.run_micro_batches, plan.vpp, stage))
         out.append(f"{sched.name}: activations held till the weight-gradient pass (W), as torch's input-gradient pass "
                    f"frees none; the output gradients of up to {counted(lag, 'lagging W pass')} "
-                   "held during each backward (dense layers; MoE and MLA layers' not counted)")
-    elif sched.splits_backward and (stage > 0 or sched.virtual_stages):
+                   "held during each backward (every layer's, the final norm's on the head's stage)")
+    elif sched.virtual_stages and len(plan.stages) > 1:
+        out.append(_cooldown_note(plan, stage, sched))
+    elif sched.splits_backward and stage > 0:
         out.append(f"{sched.name}: activations freed at the input-gradient pass (B); what a delayed weight-gradient "
                    "pass (W) still holds (layer inputs, output gradients) is not counted")
     runs = plan.schedule_runs
@@ -356,6 +358,18 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
     out.append("steady state (second step on); NCCL buffers are outside PyTorch's caching allocator")
     return tuple(out)
 
+
+
+def _cooldown_note(plan, stage: int, sched) -> str:
+    """A V-shaped schedule's cool-down (:func:`meshplan.memory.wlag.cooldown_lag_bytes`): how many W
+    passes lag at once and the output gradients they hold, neither in this peak."""
+    c, n = plan.config, len(plan.stages)
+    lag = int(sched.lagging_weights(n, plan.run_micro_batches, plan.vpp, stage))
+    held = cooldown_lag_bytes(c.model, c.training, plan.mesh, c.mesh.pp_schedule, stage, n, plan.run_micro_batches,
+                              plan.vpp, plan.stages[stage])
+    return (f"{sched.name}: activations freed at the input-gradient pass (B); torch's frees none, so the cool-down's "
+            f"lagging weight-gradient passes (W), up to {lag} at once, hold their chunks' activations and "
+            f"{human_bytes(held)} of output gradients till W, not counted in this peak")
 
 def memory_timelines(plan) -> tuple[Timeline, ...]:
     """:func:`memory_timeline` of every stage."""

@@ -31,12 +31,27 @@ torch 2.13.0 as installed):
 
   Measured at tp 1 (two such layers, h 32, a 4, g 2, d 8, f 48, s 16: 18 groups, distinct storages
   ``9 s h`` elements a layer = 2h + ad + 2gd + 2h + 2f with ad = h, gd = h/2, f = 1.5h); the tp
-  and SP splits follow the layer's sharding (not measured). MoE and MLA layers are not counted.
+  and SP splits follow the layer's sharding (not measured).
+- MLA (DeepSeek-V2/V3, :class:`meshplan.runtime.execution.mla.LatentAttention`) in place of q, k, v:
+  ``wq_a`` and ``q_a_norm`` outputs ``c_q`` a token each (replicated over tp, all ``s`` tokens),
+  ``wq_b`` (or ``wq`` without query compression) ``a (d_nope + r)``, ``wkv_a`` ``c_kv + r``,
+  ``kv_a_norm`` ``c_kv``, ``wkv_b`` ``a (d_nope + d_v)``; ``wo`` ``h`` as above.
+- MoE (:class:`meshplan.runtime.execution.moe.MoE`) in place of the MLP, after the MLP norm's: the
+  router's logits, ``E`` a routed token (compute dtype: the ``Linear``'s output; ``.float()`` comes
+  after), each expert GEMM's output per row the rank's local experts compute (the rows of
+  :func:`meshplan.memory.routed_sizes.routed_sizes`): ``k f_e / etp`` (w1, w3) and ``h`` (w2); the
+  shared experts as a dense MLP of width ``shared_experts x shared_expert_ffn``.
+
+  Measured (torch 2.13 CPU, ``stage_backward_input`` on one runtime ``Block``, s 16, h 32, fp32:
+  tests/test_wlag_layers.py): MoE (4 experts, top 2, capacity 8 rows each, f_e 16, one shared expert
+  of 24, GQA a 4, g 2, d 8) 13 groups, 5,952 elements; MLA (a 4, c_q 16, c_kv 8, r 4, d_nope 8,
+  d_v 8, dense MLP f 48) 12 groups, 6,208 elements; without ``c_q`` 10 groups, 5,696.
 
 On the head's stage the first weight-bearing node is the output layer's: the loss's nodes above it,
 with their saved terms (logits, log-softmax), go with I's ``detach_``, and the logits gradient (its
-output gradient, compute dtype) stays for W (:func:`head_lag_bytes`; the final norm's output gradient,
-``b s h`` elements, is not counted).
+output gradient, compute dtype) stays for W (:func:`head_lag_bytes`); the final norm's output
+gradient, ``b s h`` elements (``s h / t`` under SP), stays too (:func:`head_norm_grad_bytes`,
+counted with the layers' in :func:`lag_hold_bytes`).
 
 So a lagging W holds the micro-batch's saved activations (the timeline keeps them from F to W,
 :mod:`meshplan.memory.schedule`) plus these output gradients (:func:`lag_hold_bytes`, held
@@ -50,10 +65,33 @@ from __future__ import annotations
 
 from math import ceil
 
+from meshplan.compute.routing import RoutingOptions, routed_tokens, routing
 from meshplan.memory.layer_dims import LayerDims
 from meshplan.memory.workingset import dense_dims
 from meshplan.memory.activations import layer_options
 from meshplan.pipeline.registry import get
+from meshplan.pipeline.vshape import order_lag
+from meshplan.units import dtype_bytes
+
+
+def _mlp_elems(tok: int, rtok: int, h: int, f: int, gated: bool, tp: int) -> int:
+    """Output-gradient elements of an MLP norm and a (column, row)-parallel MLP of width ``f`` per
+    gate on ``tok`` tokens (``rtok`` the norm's under SP): ``rtok h + k tok f / t + tok h`` (no
+    GEMM terms where ``f`` is 0: an MoE layer without shared experts)."""
+    return rtok * h + ((2 if gated else 1) * tok * ceil(f / tp) + tok * h if f else 0)
+
+
+def _attention_elems(dims: LayerDims, tok: int, rtok: int, tp: int) -> int:
+    """Output-gradient elements of the attention norm, the q/k/v (or MLA's down and up) projections
+    and ``wo`` on one rank (module docstring): MLA's ``wq_a``, ``q_a_norm``, ``wkv_a``, ``kv_a_norm``
+    replicated over tp (all ``tok`` tokens), ``wq_b``/``wq`` and ``wkv_b`` over ``a / t`` heads."""
+    h, aq = dims.h, dims.a // tp
+    if not dims.kv_lora:
+        return rtok * h + tok * (aq * dims.d + 2 * dims.kv_local(tp) * dims.d) + tok * h
+    nope = dims.d - dims.rope
+    q = tok * (2 * dims.q_lora + aq * dims.d) if dims.q_lora else tok * aq * dims.d
+    kv = tok * (2 * dims.kv_lora + dims.rope + aq * (nope + dims.d_v))
+    return rtok * h + q + kv + tok * h
 
 
 def weight_grad_output_bytes(s: int, b: int, h: int, a: int, g: int, d: int, f: int, gated: bool,
@@ -69,34 +107,106 @@ def weight_grad_output_bytes(s: int, b: int, h: int, a: int, g: int, d: int, f: 
     >>> weight_grad_output_bytes(s=8192, b=1, h=8192, a=64, g=8, d=128, f=28672, gated=True, act_bytes=2, tp=8, sp=True)
     440401920
     """
-    tok = ceil(s / cp)
+    dims = LayerDims(s=s, b=b, h=h, a=a, g=g, d=d, f=f, gated=gated, act_bytes=act_bytes)
+    return act_bytes * b * _layer_elems(dims, tp, sp, cp, f)
+
+
+def _layer_elems(dims: LayerDims, tp: int, sp: bool, cp: int, f: int) -> int:
+    """Elements (per micro-batch row) of a layer's attention part and an MLP of width ``f``."""
+    tok = ceil(dims.s / cp)
     rtok = ceil(tok / tp) if sp else tok
-    g_t = LayerDims(s=s, b=b, h=h, a=a, g=g, d=d, f=f).kv_local(tp)
-    elems = 2 * rtok * h + tok * (a // tp * d + 2 * g_t * d) + 2 * tok * h + (2 if gated else 1) * tok * ceil(f / tp)
-    return act_bytes * b * elems
+    return _attention_elems(dims, tok, rtok, tp) + _mlp_elems(tok, rtok, dims.h, f, dims.gated, tp)
 
 
-def layer_weight_grad_bytes(model, training, mesh) -> int:
-    """:func:`weight_grad_output_bytes` of one dense layer of ``model`` on a rank of ``mesh``
-    (0 for MLA, not counted)."""
-    if model.is_mla:
-        return 0
+def routed_grad_bytes(model, training, mesh) -> int:
+    """Bytes of the router's and the routed experts' output gradients of one MoE layer on the busiest
+    rank (module docstring): ``e (T E + R (k f_e / etp + h))``, ``T`` the tokens the rank routes and
+    ``R`` the rows its local experts compute (:func:`meshplan.compute.routing.routed_tokens`,
+    :func:`~meshplan.compute.routing.routing`, as :func:`meshplan.memory.routed_sizes.routed_sizes`)."""
+    lo = layer_options(mesh, training)
+    tok = ceil(training.seq_len / lo["cp"]) * training.micro_batch
+    routed_tok, g = routed_tokens(tok, lo["tp"], mesh.etp, training.framework)
+    rows = g * routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep).recv_rows
+    width = (2 if model.gated_mlp else 1) * ceil(model.moe_ffn / mesh.etp)
+    return dtype_bytes(training.compute_dtype) * (routed_tok * model.experts + rows * (width + model.hidden))
+
+
+def layer_weight_grad_bytes(model, training, mesh, moe: bool = False) -> int:
+    """Output gradients one lagging W of one layer of ``model`` holds on a rank of ``mesh``: a dense
+    (or MLA) layer's, or with ``moe`` the attention, the MLP norm, the shared experts (a dense MLP of
+    ``shared_experts x shared_expert_ffn``) and :func:`routed_grad_bytes`."""
     dims = dense_dims(model, training, False)
     lo = layer_options(mesh, training)
-    return weight_grad_output_bytes(dims.s, dims.b, dims.h, dims.a, dims.g, dims.d, dims.f, dims.gated,
-                                    dims.act_bytes, tp=lo["tp"], sp=lo["sp"], cp=lo["cp"])
+    f = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts if moe else dims.f
+    out = dims.act_bytes * dims.b * _layer_elems(dims, lo["tp"], lo["sp"], lo["cp"], f)
+    return out + (routed_grad_bytes(model, training, mesh) if moe else 0)
+
+
+
+def weight_groups(model, moe: bool = False) -> int:
+    """Parameter groups of one layer under torch 2.13's split backward (``get_param_groups``: one per
+    op with a weight, a Linear's bias with its weight): 2 norms; q, k, v (MLA: ``wq_a``, ``q_a_norm``,
+    ``wq_b``, or ``wq`` alone, and ``wkv_a``, ``kv_a_norm``, ``wkv_b``); ``wo``; the MLP's 3 gated
+    (2 not), or the router, the experts' 3 (2) and the shared experts' 3 (2). ``stage_backward_weight``
+    runs one ``autograd.grad`` per group, and a non-reentrant checkpoint recomputes its layer's forward
+    once per graph task that reaches it: measured (torch 2.13 CPU, two checkpointed runtime Blocks,
+    ``early_stop`` false or true) 2 forwards in F, 2 in I, 18 in W for 18 groups
+    (tests/test_wlag_layers.py), so W replays a checkpointed layer's forward this many times (one
+    cause of torchtitan issue #773's slowdown, :data:`meshplan.plan_runtime.SPLIT_BACKWARD_AC`). The
+    step does not time these replays yet: its W is the weight-gradient GEMMs alone.
+
+    >>> from meshplan.spec.model import ModelSpec
+    >>> weight_groups(ModelSpec(layers=1, hidden=64, ffn=96, q_heads=4, vocab=8))
+    9
+    """
+    mlp = 3 if model.gated_mlp else 2
+    if model.is_mla:
+        attn = (3 if model.q_lora_rank else 1) + 3 + 1
+    else:
+        attn = 4
+    ffn = 1 + mlp + (mlp if model.shared_experts else 0) if moe else mlp
+    return 2 + attn + ffn
+
+def head_norm_grad_bytes(model, training, mesh) -> int:
+    """The final norm's output gradient a lagging W of the head's stage holds: ``e b r h``, ``r`` the
+    rank's tokens (``ceil(s / cp)``, ``/ t`` under SP)."""
+    lo = layer_options(mesh, training)
+    tok = ceil(training.seq_len / lo["cp"])
+    rtok = ceil(tok / lo["tp"]) if lo["sp"] else tok
+    return dtype_bytes(training.compute_dtype) * training.micro_batch * rtok * model.hidden
 
 
 def lag_hold_bytes(model, training, mesh, schedule, stage: int, pp: int, m: int, vpp: int, layers) -> int:
     """Output gradients held by the lagging W passes of ``stage`` (``layers``: its layer indices):
     :meth:`~meshplan.pipeline.base.PipelineSchedule.lagging_weights` of the schedule walked at
-    ``vpp`` times the dense layers' :func:`layer_weight_grad_bytes`; 0 where W is folded into B."""
+    ``vpp`` times the layers' :func:`layer_weight_grad_bytes` (and on the head's stage the final
+    norm's, :func:`head_norm_grad_bytes`); 0 where W is folded into B."""
     sched = get(get(schedule).for_chunks(vpp))
     if not sched.frees_at_weight or pp <= 1:
         return 0
-    dense = sum(1 for i in layers if not model.is_moe_layer(i))
-    return int(sched.lagging_weights(pp, m, vpp, stage)) * dense * layer_weight_grad_bytes(model, training, mesh)
+    moe = sum(1 for i in layers if model.is_moe_layer(i))
+    one = (len(layers) - moe) * layer_weight_grad_bytes(model, training, mesh) \
+        + (moe and moe * layer_weight_grad_bytes(model, training, mesh, moe=True)) \
+        + (stage == sched.last_stage(pp, vpp)) * head_norm_grad_bytes(model, training, mesh)
+    return int(sched.lagging_weights(pp, m, vpp, stage)) * one
 
+
+
+def cooldown_lag_bytes(model, training, mesh, schedule, stage: int, pp: int, m: int, vpp: int, chunks) -> int:
+    """Under a V-shaped schedule (ZB-V, DualPipeV, whose W the timeline folds into B): the most output
+    gradients the cool-down's lagging W passes of ``stage`` hold at once, bytes (``chunks``: the
+    stage's layer indices per chunk): :func:`~meshplan.pipeline.vshape.order_lag` of the schedule's
+    order, each chunk pass weighted by its layers' :func:`layer_weight_grad_bytes` (and the final
+    norm's on the chunk that ends the model); 0 for other schedules. torch's B frees none of their
+    activations either (module docstring); neither is in the timeline's peak (its note says so)."""
+    sched = get(get(schedule).for_chunks(vpp))
+    if sched.frees_at_weight or not sched.virtual_stages or pp <= 1:
+        return 0
+    dense, moe = (layer_weight_grad_bytes(model, training, mesh, moe=k) for k in (False, model.is_moe))
+    head = head_norm_grad_bytes(model, training, mesh)
+    per = [sum(moe if model.is_moe_layer(i) else dense for i in layers)
+           + (sched.virtual_stage(c, stage, pp, vpp) == pp * vpp - 1) * head for c, layers in enumerate(chunks)]
+    return order_lag(sched.order(pp, m, vpp, stage), weight=lambda c: per[c])
 
 def head_lag_bytes(schedule, pp: int, vpp: int, logits_grad_bytes: int, loss_saved_bytes: int) -> int:
     """On the head's stage under a ``frees_at_weight`` schedule, what a lagging W holds beyond the

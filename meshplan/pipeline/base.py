@@ -206,7 +206,7 @@ class PipelineSchedule:
 
     def lagging_weights(self, p, m, v, s):
         """Most micro-batches whose B is done and W not yet at any point of stage ``s``'s
-        order (counted at the W units); 0 where W is folded into B (ints or arrays)."""
+        order (counted at the W units); 0 where the backward is not split (ints or arrays)."""
         return 0 * np.asarray(s)
 
     def bubble(self, p: int, m: int, v: int = 1, forward_s: float = 1.0, backward_s: float = 2.0,

@@ -94,6 +94,21 @@ class VShaped(PipelineSchedule):
             return np.where(np.asarray(chunk) % 2 == 0, down, up)
         return down if chunk % 2 == 0 else up
 
+    def lagging_weights(self, p, m, v, s):
+        """Most chunk passes of stage ``s`` whose B is done and W not, counted at each W of
+        :meth:`order` (its own included; a full backward, B then W at once, counts 1): ZB-V's
+        cool-down (``s`` pairs B(chunk 0), B(chunk 1), then B, W of chunk 0) ``2s + 1``, DualPipeV's
+        (its split backwards from the middle of step 6) ``s + 1``, at ``m >= 2p``; torch 2.13's
+        ``pipeline_order`` the same (tests/test_vshape_lag.py). Ints, or arrays element by element.
+
+        >>> from meshplan.pipeline.registry import get
+        >>> [int(get("zbv").lagging_weights(4, 8, 2, s)) for s in range(4)], [int(get("dualpipev").lagging_weights(4, 8, 2, s)) for s in range(4)]
+        ([1, 3, 5, 7], [1, 2, 3, 4])
+        """
+        if any(isinstance(x, np.ndarray) for x in (p, m, s)):
+            return np.vectorize(lambda *a: order_lag(self.order(int(a[0]), int(a[1]), v, int(a[2]))))(p, m, s)
+        return order_lag(self.order(p, m, v, s))
+
     def reasons(self, p: int, m: int, v: int, framework: str = "torch") -> list[str]:
         if v == self.chunks:
             return []
@@ -112,3 +127,22 @@ class VShaped(PipelineSchedule):
             return ()
         return (f"{self.name} with FSDP2 over a data axis and reshard_after_forward true under framework torch: "
                 f"{RESHARD_DEFECT}; meshplan validate refuses this mesh; fix: {RESHARD_FIX}",)
+
+
+def order_lag(units, weight=None) -> int:
+    """Largest ``sum(weight(chunk))`` over the units whose B is done and W not, taken at each W of
+    ``units`` (a stage's order; the W's own unit included); ``weight`` default 1 a unit (a count).
+
+    >>> from meshplan.pipeline.base import Unit
+    >>> order_lag([Unit("B", 0, 0), Unit("B", 0, 1), Unit("W", 0, 0), Unit("W", 0, 1)], weight=lambda c: 10 + c)
+    21
+    """
+    weight = weight or (lambda c: 1)
+    held, top = {}, 0
+    for u in units:
+        if u.kind == "B":
+            held[(u.mb, u.chunk)] = weight(u.chunk)
+        elif u.kind == "W":
+            top = max(top, sum(held.values()))
+            held.pop((u.mb, u.chunk), None)
+    return top

@@ -39,8 +39,8 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
 - **Split-backward schedules** (ZB-V, DualPipeV, ZB-H1: ``Stages.vshape``): the lower bound keeps F and W
   without the embedding's, the head's and the kept roots' terms; the upper bound counts the
   head's saved activations once per pass in flight. ZB-H1 (``Stages.lag``): the upper bound adds its
-  lagging W passes' output gradients (``lag`` x dense layers x ``d_wgrad``, the logits gradient's excess
-  on the head's stage) and the lower bound the logits gradient's shortfall against the loss terms per
+  lagging W passes' output gradients (``lag`` x (dense layers x ``d_wgrad`` + MoE layers x ``m_wgrad``), on
+  the head's stage the final norm's ``h_wgrad`` and the logits gradient's excess) and the lower bound the logits gradient's shortfall against the loss terms per
   pass in flight, the timeline's ``w_lag`` and ``head_lag`` (:mod:`meshplan.memory.wlag`).
 - **Uneven chunks** (the Llama 3 split with vpp > 1: a stage's chunks differ by one layer):
   every lower-bound term grows with a chunk's layers and takes the stage's shortest chunk
@@ -83,6 +83,8 @@ ACT = ("saved", "rework", "fwd", "bwd", "single", "peak0", "peakg")
 HEAD = ("embedding_saved", "head_saved", "head_loss_saved", "logits_temp", "logits_extra", "loss_grad_extra",
         "logits_grad_temp", "dy", "final_norm_work", "embedding_grad_extra", "loss_grad_kept",
         "embedding_backward_work")
+#: The lagging W passes' output gradients a layer (dense, MoE) and the head's final norm hold (search.memory)
+WGRAD = ("d_wgrad", "m_wgrad", "h_wgrad")
 
 
 def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict,
@@ -95,7 +97,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict,
     # per-layer AC (``layer``): each layer is checkpointed in full or keeps everything, so each
     # field is between the two policies' (the same lookup for every other policy)
     a, b = (lookup([split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, bound_recompute(c.rc, r),
-                    split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN)], tables.acts, fields + HEAD + ("d_wgrad",))
+                    split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN)], tables.acts, fields + HEAD + WGRAD)
             for r in ("none", "full"))  # Tables.acts has every field (head_sizes' keys)
     hs = {f: col(a[f]) for f in HEAD}
     u = units(cfg, tables, c, st)
@@ -121,10 +123,10 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict,
     # place of the loss terms (the timeline's head_lag; lower where those are larger)
     head_lag = np.where(st.lag > 0, st.last * st.w * np.minimum(hs["logits_grad_temp"] - hs["head_loss_saved"], 0), 0)
     lower = np.maximum(_lower(cfg, c, st, s, u, lo, peak["lo"], hs, fixed, block) + head_lag, at_step - never)
-    # ZB-H1's lagging W passes (meshplan.memory.wlag): their dense layers' output gradients, and on the
-    # head's stage the logits gradient where it exceeds the loss terms freed, the timeline's w_lag and head_lag
-    lag = st.lag * ((st.n - st.n_moe) * col(a["d_wgrad"])
-                    + st.last * np.maximum(hs["logits_grad_temp"] - hs["head_loss_saved"], 0))
+    # ZB-H1's lagging W passes (meshplan.memory.wlag): their layers' output gradients (dense, MoE), and on the
+    # head's stage the final norm's and the logits gradient where it exceeds the loss terms freed: w_lag, head_lag
+    lag = st.lag * ((st.n - st.n_moe) * col(a["d_wgrad"]) + st.n_moe * col(a["m_wgrad"])
+                    + st.last * col(a["h_wgrad"]) + st.last * np.maximum(hs["logits_grad_temp"] - hs["head_loss_saved"], 0))
     upper = np.maximum(_upper(cfg, c, st, s, u, hi, peak["hi"], hs, fixed) + lag, at_step)
     f = o.fragmentation_fraction
     if f:

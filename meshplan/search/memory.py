@@ -23,7 +23,7 @@ from meshplan.config import Config
 from meshplan.memory.deepep_buffers import rank_buffer
 from meshplan.memory import te_fp8
 from meshplan.memory.workingset import head_sizes, layer_act_sizes
-from meshplan.memory.wlag import layer_weight_grad_bytes
+from meshplan.memory.wlag import head_norm_grad_bytes, layer_weight_grad_bytes
 from meshplan.memory.offload import gpu_offloaded_kinds
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.layers import balanced_split, stage_layers
@@ -135,8 +135,9 @@ class Tables:
         (prefix ``d_`` dense, ``m_`` MoE) ``saved``, ``rework``, ``fwd``, ``bwd``, ``single``
         (1: one backward step holding the whole unsharded gradient), ``peak0`` and ``peakg``
         (largest running total of the layer's backward steps, without and with the weight
-        gradients they write when the layer is FSDP-sharded), every ``head_sizes`` entry, and ``d_wgrad``:
-        the output gradients a lagging W of a dense layer holds (:func:`meshplan.memory.wlag.layer_weight_grad_bytes`)."""
+        gradients they write when the layer is FSDP-sharded), every ``head_sizes`` entry, ``d_wgrad`` and ``m_wgrad``:
+        the output gradients a lagging W of a dense and an MoE layer holds (:func:`meshplan.memory.wlag.layer_weight_grad_bytes`),
+        ``h_wgrad`` the final norm's (:func:`~meshplan.memory.wlag.head_norm_grad_bytes`)."""
         m = self.model
         mesh = self.mesh(tp, cp, ep, etp)
         # FSDP2's unsharded gradients, all of them (a DeepSpeed ZeRO-3 row moves most into its ipg
@@ -146,7 +147,8 @@ class Tables:
         opts = self.cfg.memory
         dense = layer_act_sizes(m, t, mesh, opts)
         moe = layer_act_sizes(m, t, mesh, opts, moe=True) if m.is_moe else dense
-        out = dict(self.heads(tp, cp, mb, ep, etp), d_wgrad=layer_weight_grad_bytes(m, t, mesh))
+        out = dict(self.heads(tp, cp, mb, ep, etp), d_wgrad=layer_weight_grad_bytes(m, t, mesh),
+                   m_wgrad=layer_weight_grad_bytes(m, t, mesh, moe=m.is_moe), h_wgrad=head_norm_grad_bytes(m, t, mesh))
         for prefix, a in (("d_", dense), ("m_", moe)):
             steps = tuple(getattr(a, "steps", ()) or ())
             peak0 = peakg = a.bwd_temp
