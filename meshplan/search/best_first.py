@@ -89,29 +89,37 @@ class Runner:
         modes = [mode] * len(idx) if isinstance(mode, str) else list(mode)
         todo = [(int(i), md) for i, md in zip(idx, modes)
                 if int(i) not in self.exact or _short_of(self.exact[int(i)], md)]
+        step = max(1, self.pool.workers) * 4  # progress every 4 jobs per worker
+        # one queue on the workers, results in job order (no barrier every ``step`` jobs: the 405B
+        # example's settle phase, 32 plans, waited for the slowest of each 8); a last lone job runs
+        # here, as the batches of ``step`` ran it (Pool.map of one job), seeing the block rows' n
+        # recorded before it
+        alone = todo[-1:] if len(todo) % step == 1 else []
         out = []
-        step = max(1, self.pool.workers) * 4  # batches of 4 jobs per worker (progress between them)
-        for k in range(0, len(todo), step):
-            out += self._batch(todo[k:k + step])
+        for r in self.pool.stream(todo[:len(todo) - len(alone)]):
+            out.append(self._record(r))
+            if self.progress and (len(out) % step == 0 or len(out) == len(todo)):
+                self.progress(label, len(out), len(todo))
+        for r in self.pool.map(alone):
+            out.append(self._record(r))
             if self.progress:
-                self.progress(label, min(k + step, len(todo)), len(todo))
+                self.progress(label, len(out), len(todo))
         return out
 
-    def _batch(self, jobs: list[tuple[int, str]]) -> list[Exact]:
-        res = self.pool.map(jobs)
-        for k, r in enumerate(res):
-            r = res[k] = merge(self.exact.get(r.index), r)  # the memory verdict and the step of two passes
-            self.exact[r.index] = r
-            self._check(r)
-            if r.block is not None and self.pool.planner.cands.rn is not None:  # a block row's n, for its
-                self.pool.planner.cands.rn[r.index] = r.block  # label and plan input (the search's columns)
-            if self.code[r.index] != OK or not r.complete:  # step-only: the memory bound decided
-                continue
-            if not r.feasible:
-                self.code[r.index] = BLOCK if r.reasons[:1] == (BLOCK_REFUSED,) else \
-                    MEMORY if _memory_reason(r.reasons) else HOST if _host_reason(r.reasons) else CODE["layers"]
-            self.decided[r.index] = PLAN
-        return res
+    def _record(self, r: Exact) -> Exact:
+        """Record one plan's verdicts (merged with an earlier pass's) in ``exact``, ``code`` and ``decided``."""
+        r = merge(self.exact.get(r.index), r)  # the memory verdict and the step of two passes
+        self.exact[r.index] = r
+        self._check(r)
+        if r.block is not None and self.pool.planner.cands.rn is not None:  # a block row's n, for its
+            self.pool.planner.cands.rn[r.index] = r.block  # label and plan input (the search's columns)
+        if self.code[r.index] != OK or not r.complete:  # step-only: the memory bound decided
+            return r
+        if not r.feasible:
+            self.code[r.index] = BLOCK if r.reasons[:1] == (BLOCK_REFUSED,) else \
+                MEMORY if _memory_reason(r.reasons) else HOST if _host_reason(r.reasons) else CODE["layers"]
+        self.decided[r.index] = PLAN
+        return r
 
     def _check(self, r: Exact) -> None:
         """Record any exact plan outside the vectorised bounds (with the margin)."""

@@ -199,6 +199,14 @@ class Pool:
             return [self.planner(j) for j in jobs]
         return self.pool.map(_work, jobs, chunksize=1)
 
+    def stream(self, jobs: list):
+        """The results of ``jobs`` in job order as they complete (one queue on the workers, no barrier
+        between chunks of them: :meth:`map`'s results, where each job runs as ``map`` of 2 or more would
+        run it); in this process where there is no pool."""
+        if self.pool is None:
+            return (self.planner(j) for j in jobs)
+        return self.pool.imap(_work, jobs, chunksize=1)
+
     def close(self):
         if self.pool is not None:
             self.pool.close()

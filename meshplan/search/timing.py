@@ -116,13 +116,13 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.config import Config
-from meshplan.pipeline.unshard_window import pipeline_window
+from meshplan.pipeline.unshard_window import pipeline_window, unshards_first
 from meshplan.search.comm_bounds import p2p_links_apart
 from meshplan.search.gather_passes import end_chunk_passes
 from meshplan.search.layer_bounds import unit_bounds
 from meshplan.search.memory import Stages
 from meshplan.search.pipeline import call_holds
-from meshplan.search.space import Candidates
+from meshplan.search.space import Candidates, candidate_schedule
 from meshplan.search.time_tables import TimeTables
 
 
@@ -142,8 +142,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     inner, after = call_holds(cfg, c, st.m[:, 0], p2p_links_apart(tt, c))
     busy = busy + inner * p2p
     tail = np.maximum(tail, after * p2p)
-    first = f0 + ~empty0 * u["f_extra"]  # micro-batch 0's forward finds every chunk sharded: it gathers
-    fill = np.cumsum(first + p2p, axis=1) - (first + p2p)
+    fill = _fill(cfg, c, st, u, f0 + p2p, ~empty0 * u["f_extra"])
     drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
     own = fill + busy + tail + end
     # the copy-ins of the chunk that ends stage k's order (in ``busy``) run after its last unit has
@@ -164,6 +163,34 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     v_out = (fill + busy + end).max(axis=1)
     path1 = _one_microbatch(c, st, u, v, r)
     return np.where(st.vshape[:, 0], v_out, np.maximum(np.where(c.vpp == 1, np.maximum(out, one_f), out), path1))
+
+
+def _fill(cfg: Config, c: Candidates, st: Stages, u: dict, hop: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    """(candidates, pp) seconds before stage k can start micro-batch 0's forward of its chunk 0: its
+    input's arrival, micro-batch 0 forward through stages 0..k-1, each ``hop`` (its chunk-0 forward unit
+    and one p2p send) plus ``extra``, the gathering pass's extra (``f_extra``: micro-batch 0's forward
+    finds every chunk sharded).
+
+    Where the pass gathers itself (single-stage schedules, Megatron-LM, DeepSpeed) the gathers start
+    with it, after the input: ``fill_{k+1} = fill_k + hop_k + extra_k``. Under torch's multi-stage
+    schedules (:func:`~meshplan.pipeline.unshard_window.unshards_first`) every stage's chunk 0 is
+    UNSHARDed at the step's start (:mod:`meshplan.schedule.window_unshard`): its all-gathers run on the
+    FSDP stream while the stage waits for its input (exposed ``max(0, gathers - lead_s)``, ``lead_s``
+    the wait), and the forward starts once both are there. On stage 0 (no wait: ``lead_s`` 0) the
+    extra stays whole; on a later stage j the forward starts no earlier than its input's arrival and
+    runs at least its unit: ``fill_{j+1} = fill_j + hop_j``, the extra left out (whatever of the
+    gathers the wait does not hide). Adding it there too (as before) counted gathers the exact
+    timeline may hide behind the wait, which a stage k >= 2's fill summed over stages 1..k-1.
+    :func:`~meshplan.search.gather_passes.gathering_passes` leaves those passes out of ``busy`` alike."""
+    p = st.k.shape[1]
+    window = pipeline_window(cfg.training.framework, p)
+    cut = np.zeros(len(c), dtype=bool)  # candidates whose later stages' chunk 0 is UNSHARDed ahead
+    if window:
+        for v, ps in set(zip(c.vpp.tolist(), c.ps.tolist())):
+            if unshards_first(candidate_schedule(v, ps), window):
+                cut |= (c.vpp == v) & (c.ps == ps)
+    first = hop + np.where(cut[:, None] & (np.arange(p) > 0), 0.0, extra)
+    return np.cumsum(first, axis=1) - first
 
 
 def _busy(cfg: Config, c: Candidates, st: Stages, u: dict, v: np.ndarray, one: np.ndarray,
