@@ -16,7 +16,7 @@ from meshplan import catalog
 from meshplan.config_errors import as_field, build
 from meshplan.errors import ConfigError
 from meshplan.limits import MAX_WORLD, over
-from meshplan.spec.cluster import ClusterSpec, NodeSpec
+from meshplan.spec.cluster import ClusterSpec, NICSpec, NodeSpec
 from meshplan.spec.hf import model_from_hf_config
 from meshplan.spec.model import ModelSpec
 
@@ -128,6 +128,13 @@ def _with_nics(node: dict, given) -> dict:
     >>> _with_nics(catalog.node("dgx-h200").model_dump(), {"speed": 1})
     Traceback (most recent call last):
     meshplan.errors.ConfigError: cluster.nic.speed: unknown key; allowed: transport, rate_gbit_per_s
+
+    A value is checked here, so an error names the key the user wrote, ``cluster.nic.transport``,
+    not the NIC list it is copied into (newcomer trial nc61 #5):
+
+    >>> _with_nics(catalog.node("dgx-h200").model_dump(), {"transport": "ethernet"})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: cluster.nic.transport: "ethernet" is "roce" here (an Ethernet NIC that NCCL drives over RDMA, RoCEv2): set transport = "roce" (the values: 'infiniband' or 'roce')
     """
     if not isinstance(given, dict):
         raise ConfigError("cluster.nic", f"must be a table of NIC keys, e.g. nic = {{ transport = \"roce\", "
@@ -135,6 +142,8 @@ def _with_nics(node: dict, given) -> dict:
     bad = sorted(set(given) - set(NIC_KEYS))
     if bad:
         raise ConfigError(f"cluster.nic.{bad[0]}", f"unknown key; allowed: {', '.join(NIC_KEYS)}")
+    stand_in = {"name": "nic", "gpus": [], "rail": 0, "rate_gbit_per_s": 1.0}  # only to check given's values
+    build(NICSpec, {**stand_in, **given}, "cluster.nic")
     said = ", ".join(f"{k} {given[k]}" for k in NIC_KEYS if k in given)
     return {**node, "nics": [{**nic, **given} for nic in node.get("nics", [])],
             "source": f"{node.get('source', '')}; config's [cluster] nic ({said}) on every NIC"}

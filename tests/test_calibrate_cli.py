@@ -185,7 +185,6 @@ def test_an_all_gather_run_beside_the_all_reduce_is_named(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["all_reduce_perf_2x8a100_s18.txt"], "all_reduce_perf_2x8a100_s18.txt: 16 ranks on 2 hosts, up to 8 per host"),
     (["all_reduce_perf_2x1a100_s18.txt"], "all_reduce_perf_2x1a100_s18.txt: 1 usable size (1073741824 B); measure at "
      "least two sizes"),
     (["all_reduce_perf_8xa100_s15.txt", "--link", "ib"], "--link: unknown link class 'ib'"),
@@ -242,6 +241,12 @@ def test_mixed_run_recorded_as_asked(tmp_path, capsys):
     assert t4g == pytest.approx(1.875 * 4 * 2**30 / 188.18e9, rel=0.02)
     assert nic.bandwidth_gb_per_s < 25.0  # under an HDR 200 Gb/s NIC's line rate: no warning
     assert "warning" not in err
+    # nc61 #7: without --link (refused before) its 2 hosts make it nic, said in one line, the same file
+    rc, text, err = run_cli(["calibrate", str(DATA / "all_reduce_perf_2x8a100_s18.txt"), "--out",
+                             str(tmp_path / "d.toml")], capsys)
+    assert rc == 0, err
+    assert text.splitlines()[0] == "all_reduce_perf_2x8a100_s18.txt: link: nic (ranks on 2 hosts; --link to override)"
+    assert (tmp_path / "d.toml").read_text() == out.read_text()
 
 
 H100X16 = DATA / "all_reduce_perf_2x8h100.txt"  # 2 hosts x 8 H100, t = 30 us + 1.875 S / 360 GB/s

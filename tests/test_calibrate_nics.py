@@ -167,10 +167,21 @@ def test_a_system_of_another_gpu_is_warned(tmp_path, capsys):
     assert rc == 0 and not _warnings(text)
 
 
-def test_a_mixed_run_without_link_names_the_nic_options(tmp_path, capsys):
+def test_a_run_over_several_hosts_defaults_to_nic(tmp_path, capsys):
+    """nc61 #7: an ordinary 2 x 8 all_reduce_perf log without --link was refused (exit 2) until --link nic.
+    Its ranks name 2 hosts, so it is read as nic with one line saying so, and gives the same file as
+    --link nic: 80 / 8 = 10 GB/s per NIC (one NIC per rank, 8 ranks per host, module docstring)."""
     rc, out, err = run_cli(["calibrate", str(_log(tmp_path, 2, 8)), "--out", str(tmp_path / "c.toml")], capsys)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "x.txt: link: nic (ranks on 2 hosts; --link to override)"
+    assert "x.txt: 8 ranks per host, each on its own NIC: nic all-reduce 10.00 GB/s per NIC = 80.00 / 8" in lines
+    rc, text, err = _calibrate(capsys, _log(tmp_path, 2, 8), tmp_path / "d.toml")
+    assert rc == 0 and "link: nic" not in text  # --link given: no default to announce
+    assert (tmp_path / "c.toml").read_text() == (tmp_path / "d.toml").read_text()
+    # where it stays ambiguous: unequal ranks per host (no one split over a node's NICs)
+    path = tmp_path / "u.txt"
+    path.write_text(nccl_tests_text("all_reduce_perf", ["a"] * 8 + ["b"] * 4, SIZES, 30e-6, 80e9))
+    rc, out, err = run_cli(["calibrate", str(path), "--out", str(tmp_path / "u.toml")], capsys)
     assert (rc, out) == (2, "")
-    assert err == ("error: x.txt: 16 ranks on 2 hosts, up to 8 per host: the run mixes NVLink and NIC hops; measure "
-                   "one node (nvlink) and one GPU per node (nic) separately, or pass --link nic to split its busbw "
-                   "over the NICs of a host: one per rank, or the NICs they drove as --nics-per-host N or --system "
-                   "NODE gives\n")
+    assert err.startswith("error: u.txt: 12 ranks on 2 hosts, 4 to 8 per host: its busbw cannot be split")

@@ -61,6 +61,16 @@ CASES = [
      'unknown key beside system (allowed: system, nodes, gpu, fabric, nic); fix: write node = "dgx-h100" in '
      'place of system = "dgx-h100", the same catalog node and GPU with network beside it'),
     (with_("cluster.node", "dgx-a100"), "cluster.node", 'fix: give system = "dgx-h100" or node = NAME, not both'),
+    # newcomer trial nc61 #5: nic = { ... } is copied onto every NIC of the node; the error named the copy
+    # (cluster.node.nics.0.transport), a path the user never wrote. An Ethernet NIC NCCL drives is RoCE.
+    (with_("cluster.nic", {"transport": "ethernet"}), "cluster.nic.transport",
+     '"ethernet" is "roce" here (an Ethernet NIC that NCCL drives over RDMA, RoCEv2): set transport = "roce" '
+     "(the values: 'infiniband' or 'roce')"),
+    (with_("cluster.nic", {"transport": "eth2"}), "cluster.nic.transport",
+     "\"eth2\" is not one of its values (the values, closest first: 'roce', 'infiniband')"),
+    (with_("cluster.nic", {"rate_gbit_per_s": 0}), "cluster.nic.rate_gbit_per_s", "must be greater than 0"),
+    ({**BASE, "cluster": {"node": "dgx-h100", "nodes": 1, "network": "superpod-hdr-su20",
+                          "nic": {"transport": "ethernet"}}}, "cluster.nic.transport", 'set transport = "roce"'),
     (with_("mesh.order", "tp-dp"), "mesh", "give either names + shape"),
     (with_("mesh.shape", None), "mesh", "names and shape must both be given"),
     # newcomer words20: [mesh.degrees] alone gave no fix; both forms named with an example

@@ -118,24 +118,20 @@ def test_reliability_takes_searchs_storage_defaults_and_names_them(capsys):
         "2 TB/s (arXiv 2407.21783, 3.3.1); set --read-gbps), restart overhead 60 s")
 
 
-def test_calibrate_with_the_nics_given_names_link_nic(tmp_path, capsys):
-    """#4: a 2 x 8-rank log with --system dgx-h100 (8 NICs, nodes.toml) or --nics-per-host 4
-    but no --link: the one option left to pass is --link nic, named as the error's field, with
-    the NICs the busbw would be split over; with it the run calibrates (80 / 8 = 10 GB/s per
-    NIC, the log's busbw 80 GB/s: tests/test_calibrate_nics.py)."""
+def test_calibrate_with_the_nics_given_needs_no_link(tmp_path, capsys):
+    """#4, then nc61 #7: a 2 x 8-rank log with --system dgx-h100 (8 NICs, nodes.toml) or --nics-per-host 4
+    but no --link was refused naming --link nic; its ranks name 2 hosts, so it is now read as nic (a
+    'link: nic' line) and split over the NICs that option gives: 80 / 8 = 10 GB/s per NIC, 80 / 4 = 20
+    (the log's busbw 80 GB/s: tests/test_calibrate_nics.py)."""
     from meshplan.comm.calibration import load_calibration
     from tests.cli_run import run_cli as run
     from tests.test_calibrate_nics import _log
 
     log = _log(tmp_path, 2, 8)
     rc, out, err = run(["calibrate", str(log), "--system", "dgx-h100", "--out", str(tmp_path / "c.toml")], capsys)
-    assert (rc, out) == (2, "")
-    assert err == ("error: --link: x.txt ran 16 ranks on 2 hosts, up to 8 per host, which mixes NVLink and NIC hops: "
-                   "pass --link nic to record it as nic, its busbw split over the 8 NICs per host that --system "
-                   "dgx-h100 gives; or measure one node (nvlink) and one GPU per node (nic) separately\n")
-    rc, _, err = run(["calibrate", str(log), "--nics-per-host", "4", "--out", str(tmp_path / "c.toml")], capsys)
-    assert rc == 2 and "error: --link: " in err and "split over the 4 NICs per host that --nics-per-host gives;" in err
-    rc, _, err = run(["calibrate", str(log), "--system", "dgx-h100", "--link", "nic", "--out", str(tmp_path / "c.toml")],
-                     capsys)
     assert rc == 0, err
+    assert out.splitlines()[0] == "x.txt: link: nic (ranks on 2 hosts; --link to override)"
     assert load_calibration(tmp_path / "c.toml")["nic"].bandwidth_gb_per_s == pytest.approx(10.0, rel=1e-3)
+    rc, _, err = run(["calibrate", str(log), "--nics-per-host", "4", "--out", str(tmp_path / "d.toml")], capsys)
+    assert rc == 0, err
+    assert load_calibration(tmp_path / "d.toml")["nic"].bandwidth_gb_per_s == pytest.approx(20.0, rel=1e-3)

@@ -16,6 +16,7 @@ from meshplan.cli.common import _echo
 from meshplan.cli.schedule_opt import renamed, scheduled
 from meshplan.comm.calibrate_nics import config_nic_warning
 from meshplan.placement.nccl_env import unread_leaf_oversubscription
+from meshplan.placement.node_check import node_warnings
 from meshplan.comm.calibration import load_calibrations
 from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.calibration_notes import calibration_doc
@@ -65,6 +66,8 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[C
     leaf_over = unread_leaf_oversubscription(cfg.cluster)  # a 2:1 leaf written on the leaf (nc61 #2)
     if leaf_over:
         _echo(leaf_over, err=True)
+    for line in node_warnings(cfg.cluster.node):  # NICs against GPUs and sockets as written (nc61 #4)
+        _echo(line, err=True)
     try:
         plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels, quiet))
     except ConfigError as e:

@@ -91,7 +91,7 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                          "another test"),
                   out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
-                                                     "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC, "
+                                                     "(default: from the ranks' hosts: one host nvlink, several nic, said in a 'link: nic' line; nic with k ranks per host: busbw / k per NIC, "
                                                      "or / --nics-per-host; all-to-all: busbw x (n - k) / (n - 1), "
                                                      "the share leaving the host; nic leaves a run on one named host nvlink, so 1-node and multi-node logs "
                                                      "go in one call)"),
@@ -104,8 +104,7 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                        "one per rank) splits a nic run's busbw, and the line-rate "
                                                        "warnings compare its NICs (above the line rate; below half "
                                                        "of it, only with --system); a warning when its GPU is not "
-                                                       "the log's; a run of several ranks per host needs --link "
-                                                       "nic with it"),
+                                                       "the log's"),
                   op: Optional[str] = typer.Option(None, "--op", help="the test that wrote the text logs without "
                                                    "nccl-tests' '# Collective test starting' line (before 2025-06): "
                                                    "alltoall, all_reduce, all_gather, reduce_scatter, sendrecv or "

@@ -8,8 +8,10 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
 
 - all ranks on one host: ``nvlink`` (the node's fabric);
 - one rank per host: ``nic`` (each rank's traffic crosses one NIC: ``mpirun -N 1 ... -g 1``);
-- several hosts with several ranks each: refused, since such a run mixes NVLink and NIC
-  hops (measure the two separately), unless ``link`` says which class to record it as.
+- several hosts with several ranks each (an ordinary 2 x 8 all_reduce_perf run): ``nic`` too,
+  with a line saying so (``link: nic (ranks on 2 hosts; --link to override)``, newcomer trial
+  nc61 #7; it was refused until ``--link nic``); such a run mixes NVLink and NIC hops, and the
+  NIC hop is the slow one that its busbw measures. No host names: refused (pass ``link``).
   Recorded as ``nic`` (:func:`ranks_per_node`), its busbw is split over the NICs the ranks
   of a node use, one per rank (a rail-optimized node: DGX H100 has one 400G NIC per GPU):
   an all-reduce ring leaves each node once per channel and the channels spread over the
@@ -72,20 +74,17 @@ from meshplan.errors import ConfigError
 
 
 
-def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None,
-               asked: Optional[tuple[int, str]] = None, system: Optional[str] = None) -> str:
+def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> str:
     """``link`` when given (checked: nvlink and pcie are links inside one node, so a run whose
     ``#  Rank`` lines name several hosts is refused for them; ``nic`` on a run whose lines name one
-    host is read as ``nvlink``, which it crossed, so one call takes 1-node and 8-node logs), else ``nvlink`` for one host,
-    ``nic`` for one rank per host; a ConfigError otherwise (see the module docstring), naming
-    ``where``, or ``--link`` where the NICs per host are given (``asked``, :func:`~meshplan.comm.
-    calibrate_nics.asked_nics`; ``system``, ``--system``'s node): --link nic is then the one fix.
+    host is read as ``nvlink``, which it crossed, so one call takes 1-node and 8-node logs), else
+    ``nvlink`` for one host and ``nic`` for several (one rank per host, or several each: an ordinary
+    2 x 8 all_reduce_perf run, its busbw then split over the NICs of a host, :func:`ranks_per_node`;
+    :func:`default_note` says so, newcomer trial nc61 #7); a ConfigError naming ``where`` when the
+    lines name no host (which class is not known; see the module docstring).
 
-    >>> link_class(["a"] * 8 + ["b"] * 8, "x.txt", asked=(8, "--system"), system="dgx-h100")
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: --link: x.txt ran 16 ranks on 2 hosts, up to 8 per host, which mixes NVLink and NIC hops: pass --link nic to record it as nic, its busbw split over the 8 NICs per host that --system dgx-h100 gives; or measure one node (nvlink) and one GPU per node (nic) separately
-
+    >>> link_class(["a"] * 8 + ["b"] * 8, "x.txt"), link_class(["a"] * 8 + ["b"] * 8, "x.txt", "nic")
+    ('nic', 'nic')
     >>> link_class(["a"] * 8 + ["b"] * 8, "x.txt", "nvlink")
     Traceback (most recent call last):
     ...
@@ -104,23 +103,20 @@ def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None,
         return link
     if not hosts or "" in per_host:
         raise ConfigError(where, "no host names in the '#  Rank' lines; pass --link nvlink, pcie or nic")
-    if len(per_host) == 1:
-        return "nvlink"
-    if max(per_host.values()) == 1:
-        return "nic"
-    k = max(per_host.values())
-    if asked is not None:
-        nics, by = asked  # a --system node's NICs, at most the ranks per host (nic_split: a rank drives one)
-        nics, by = (min(nics, k), f"--system {system}") if by == "--system" else (nics, by)
-        raise ConfigError("--link", f"{where} ran {len(hosts)} ranks on {len(per_host)} hosts, up to {k} per host, "
-                                    "which mixes NVLink and NIC hops: pass --link nic to record it as nic, its busbw "
-                                    f"split over the {nics} NICs per host that {by} gives; or measure one node "
-                                    "(nvlink) and one GPU per node (nic) separately")
-    raise ConfigError(where, f"{len(hosts)} ranks on {len(per_host)} hosts, up to {k} per "
-                             "host: the run mixes NVLink and NIC hops; measure one node (nvlink) and one GPU "
-                             "per node (nic) separately, or pass --link nic to split its busbw over the NICs of a "
-                             "host: one per rank, or the NICs they drove as --nics-per-host N or --system NODE "
-                             "gives")
+    return "nvlink" if len(per_host) == 1 else "nic"
+
+
+def default_note(hosts: Sequence[str], where: str, link: Optional[str]) -> Optional[str]:
+    """The line saying that a run over several hosts was read as ``nic`` without ``--link``
+    (:func:`link_class`), None where ``--link`` was given or the ranks ran on one host.
+
+    >>> default_note(["a"] * 8 + ["b"] * 8, "x.txt", None)
+    'x.txt: link: nic (ranks on 2 hosts; --link to override)'
+    >>> default_note(["a"] * 8, "x.txt", None), default_note(["a", "b"], "x.txt", "nic")
+    (None, None)
+    """
+    n = len(set(hosts))
+    return f"{where}: link: nic (ranks on {n} hosts; --link to override)" if link is None and n > 1 else None
 
 
 def ranks_per_node(hosts: Sequence[str], where: str) -> int:
@@ -220,7 +216,9 @@ def read_run(path: Path, link_op: tuple[Optional[str], Optional[str]], asked: Op
     if own is not None and banner:
         notes.append(_own_test_note(path.name, own, rows[0].op))
     hosts = hosts_of(text)
-    cls = link_class(hosts, path.name, link, asked, system)
+    cls = link_class(hosts, path.name, link)
+    said = default_note(hosts, path.name, link)
+    notes += [said] if said else []
     if link == "nic" and cls != "nic":
         notes.append(f"{path.name}: ran on one host ({hosts[0]}): --link nic is for the runs over several hosts; "
                      f"read as {cls}, the link it crossed")

@@ -149,7 +149,7 @@ from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepsp
 from meshplan.interop import megatron_deepspeed_args as mds
 from meshplan.interop.megatron_env import NVLS_ENV, import_note
 from meshplan.interop.megatron_flags import PARALLEL
-from meshplan.interop.megatron_mesh import TP_PP_DP, degrees, mesh_table
+from meshplan.interop.megatron_mesh import TP_PP_DP, degrees, mesh_table, with_instances
 from meshplan.interop import megatron_precision as precision
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers,
@@ -233,7 +233,8 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     deepspeed = deepspeed_engine(args, deg["pp"], notes, base)  # Megatron-DeepSpeed's --deepspeed --zero-stage N
     ds_file = ds_path(args, base)[1] if deepspeed else None  # its ds config, where the path resolves
     sharding = deepspeed.get("sharding", flags.sharding(args))
-    mesh = mesh_table(args, deg, dp, sharding) | read_pipeline(args, deg["pp"], layers)
+    mesh = with_instances(args, mesh_table(args, deg, dp, sharding), sharding, notes)  # dp_replicate: instances
+    mesh |= read_pipeline(args, deg["pp"], layers)
     micro = _num(args, "--micro-batch-size", 1)
     seq = seq_len_of(opts.seq_len, args.get("--seq-length") if opts.seq_len else _int(args, "--seq-length"),
                      "--seq-length", "the arguments", notes)

@@ -5,7 +5,9 @@ the degrees of ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-siz
 (:data:`~meshplan.interop.megatron_flags.PARALLEL`), dp inferred as Megatron-LM infers it,
 ``world / (tp x cp x pp)`` (``megatron/training/arguments.py`` at NVIDIA/Megatron-LM d98e8a6), and
 the axes' order outermost first, as meshplan writes a Megatron mesh (pp, dp, cp, tp, ep, etp), or
-under ``--use-tp-pp-dp-mapping`` (:data:`TP_PP_DP`) dp outside pp (dp, pp, cp, tp).
+under ``--use-tp-pp-dp-mapping`` (:data:`TP_PP_DP`) dp outside pp (dp, pp, cp, tp);
+``--num-distributed-optimizer-instances`` N as dp_replicate N outside dp_shard dp / N
+(:func:`with_instances`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from meshplan.errors import ConfigError
 from meshplan.interop.common import model_is_moe, model_layers
-from meshplan.interop.megatron_flags import PARALLEL
+from meshplan.interop.megatron_flags import FSDP_FLAGS, PARALLEL
 from meshplan.interop.megatron_model import num_flag as _num
 from meshplan.interop.world_words import megatron_world_error
 from meshplan.spec.mesh_words import data_axis
@@ -75,3 +77,51 @@ def mesh_table(args: dict, deg: dict[str, int], dp: int, sharding: str) -> dict[
     return {"names": [data if a == "dp" else a for a in names],
             "shape": [dp if a == "dp" else deg[a] for a in names],
             "sequence_parallel": bool(args.get("--sequence-parallel"))}
+
+
+#: Megatron-LM's partial distributed optimizer (arguments.py at d98e8a6, line 3216: "Number of Distributed
+#: Optimizer copies across Data Parallel domain").
+INSTANCES = "--num-distributed-optimizer-instances"
+
+
+def with_instances(args: dict, mesh: dict[str, Any], sharding: str, notes: list[str]) -> dict[str, Any]:
+    """``mesh`` with its dp axis split as :data:`INSTANCES` N > 1 splits it under
+    ``--use-distributed-optimizer`` (sharding zero1, not Megatron FSDP, whose N > 1 is its HSDP):
+    dp_replicate N outside dp_shard dp / N, and a note; unchanged otherwise (the flag stays among the
+    notes' unmodelled flags, :func:`~meshplan.interop.megatron_precision.not_modelled_note`).
+
+    Megatron-LM (megatron/core/parallel_state.py at d98e8a6, lines 921-1010): the optimizer's
+    intra-instance group is a contiguous slice of (dp x cp) / N ranks of the dp-cp group (cp
+    fastest, then dp: tp-cp-ep-dp-pp), so with N dividing dp an instance is dp / N consecutive dp
+    indices with all their cp ranks, meshplan's dp_shard (fsdp = dp_shard x cp, inside); the
+    inter-instance group takes every (dp x cp / N)-th rank, dp_replicate. Each step
+    (param_and_grad_buffer.py, start_grad_sync: "With multiple DistOpt instances, we need to
+    all-reduce across instances") the gradients are reduce-scattered within an instance and the
+    reduced shard all-reduced across instances, which meshplan's zero1 with dp_replicate > 1 times
+    (:func:`meshplan.comm.dp_rows._replica_rows`). N not dividing dp (only dp x cp) puts one cp group
+    in two instances, which no meshplan mesh holds: left unmapped.
+
+    >>> notes = []
+    >>> mesh = {"names": ["pp", "dp", "tp"], "shape": [2, 16, 4], "sequence_parallel": False}
+    >>> with_instances({INSTANCES: "2", "--use-distributed-optimizer": True}, mesh, "zero1", notes)["names"]
+    ['pp', 'dp_replicate', 'dp_shard', 'tp']
+    >>> with_instances({INSTANCES: "2", "--use-distributed-optimizer": True}, mesh, "zero1", [])["shape"]
+    [2, 2, 8, 4]
+    >>> with_instances({INSTANCES: "3", "--use-distributed-optimizer": True}, mesh, "zero1", []) == mesh
+    True
+    """
+    n = _num(args, INSTANCES, 1)
+    names = list(mesh["names"])
+    data = next((a for a in ("dp", "dp_shard") if a in names), None)
+    if n <= 1 or sharding != "zero1" or data is None or args.get("--use-torch-fsdp2") or any(
+            args.get(f) for f in FSDP_FLAGS):
+        return mesh
+    i = names.index(data)
+    dp = mesh["shape"][i]
+    if dp % n:
+        return mesh
+    notes.append(f"{INSTANCES} {n}: dp {dp} = dp_replicate {n} x dp_shard {dp // n}, the distributed optimizer "
+                 f"sharded over dp_shard within each of {n} instances and each step's reduced gradient shard "
+                 f"all-reduced across them (Megatron-LM's partial distributed optimizer, parallel_state.py)")
+    return mesh | {"names": [*names[:i], "dp_replicate", "dp_shard", *names[i + 1:]],
+                   "shape": [*mesh["shape"][:i], n, dp // n, *mesh["shape"][i + 1:]]}

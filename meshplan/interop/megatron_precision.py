@@ -173,9 +173,11 @@ def local_keys(args: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return {"tp_comm_overlap": False, "flash_attention": False, "linear_dtype": None, "fp8_param_gather": None}
 
 
-def not_modelled_note(args: dict[str, Any]) -> list[str]:
+def not_modelled_note(args: dict[str, Any], instances: bool = False) -> list[str]:
     """One note naming the given flags of :data:`NOT_MODELLED` and what each changes (a per-tensor
-    ``--fp8-recipe`` and one instance are what the plan models: not named).
+    ``--fp8-recipe`` and one instance are what the plan models: not named; nor, with ``instances``,
+    the distributed optimizer's instances the mesh holds as dp_replicate,
+    :func:`~meshplan.interop.megatron_mesh.with_instances`).
 
     >>> not_modelled_note({"--fp8-recipe": "delayed", "--num-distributed-optimizer-instances": "1"})
     []
@@ -184,7 +186,7 @@ def not_modelled_note(args: dict[str, Any]) -> list[str]:
     """
     shown = [f"{f} ({why})" for f, why in NOT_MODELLED.items() if f in args and not (
         (f == "--fp8-recipe" and str(args[f]) in PER_TENSOR_RECIPES)
-        or (f == "--num-distributed-optimizer-instances" and str(args[f]) == "1"))]
+        or (f == "--num-distributed-optimizer-instances" and (str(args[f]) == "1" or instances)))]
     return [f"changes memory/communication, NOT modelled: {'; '.join(shown)}"] if shown else []
 
 

@@ -48,17 +48,19 @@ def runtime_training(args: dict, training: dict, mesh: dict, deepspeed: bool, de
     training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
     training |= flags.runtime(args, deepspeed)
     training |= read_attention(args, dtype != "fp32", notes, deepspeed)
-    return _precision(args, training, dtype, notes, deepspeed)
+    return _precision(args, training, dtype, notes, deepspeed, "dp_replicate" in mesh.get("names", ()))
 
 
-def _precision(args: dict, training: dict, dtype: str, notes: list[str], deepspeed: bool) -> dict:
+def _precision(args: dict, training: dict, dtype: str, notes: list[str], deepspeed: bool,
+               instances: bool = False) -> dict:
     """``training`` with the precision-aware optimizer's dtypes and ``--transformer-impl local``
     (:mod:`~meshplan.interop.megatron_precision`; not under DeepSpeed's engine, whose config
-    says its dtypes), and the note on the flags that change memory or communication unplanned."""
+    says its dtypes), and the note on the flags that change memory or communication unplanned
+    (``instances``: the distributed optimizer's instances mapped to dp_replicate, not among them)."""
     if not deepspeed:
         training = training | precision.precision_keys(args, dtype, notes) | precision.fp8_param_gather_keys(args, notes)
     training = {k: v for k, v in (training | precision.local_keys(args, notes)).items() if v is not None}
-    notes += precision.not_modelled_note(args)
+    notes += precision.not_modelled_note(args, instances)
     return training
 
 

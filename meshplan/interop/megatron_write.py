@@ -69,9 +69,31 @@ def _degrees(cfg: Config, mesh) -> dict[str, int]:
     t = cfg.training
     axes = list(mesh.layout.names)
     data = [a for a in axes if a in ("dp", "dp_shard", "dp_replicate")]
-    if len(data) > 1 or t.sharding == "hsdp":
+    if (len(data) > 1 and not _instances(cfg, mesh)) or t.sharding == "hsdp":
         raise ConfigError("--to", f"Megatron-LM has one data-parallel axis; the mesh has {data} ({t.sharding})")
-    axes = ["dp" if a in data else a for a in axes]
+    if len(data) > 1:  # dp_replicate x dp_shard under zero1: one dp of their product, the instances flag
+        i = axes.index("dp_replicate")
+        return {**_degrees_of(axes[:i] + ["dp_shard"] + axes[i + 2:], mesh, {"dp_shard": "dp"}),
+                "dp": mesh.layout.degree("dp_replicate") * mesh.layout.degree("dp_shard")}
+    return _degrees_of(axes, mesh, dict.fromkeys(data, "dp"))
+
+
+def _instances(cfg: Config, mesh) -> int:
+    """The ``--num-distributed-optimizer-instances`` of a zero1 (distributed optimizer, not Megatron
+    FSDP) mesh with dp_replicate just outside dp_shard: dp_replicate's degree, Megatron-LM's partial
+    distributed optimizer (:func:`~meshplan.interop.megatron_mesh.with_instances`, its inverse); 0 otherwise."""
+    axes = list(mesh.layout.names)
+    if [a for a in axes if a in ("dp", "dp_replicate", "dp_shard")] != ["dp_replicate", "dp_shard"] or \
+            axes.index("dp_shard") != axes.index("dp_replicate") + 1:
+        return 0
+    t = cfg.training
+    return mesh.layout.degree("dp_replicate") if t.sharding == "zero1" and not t.megatron_fsdp else 0
+
+
+def _degrees_of(names: list[str], mesh, rename: dict[str, str]) -> dict[str, int]:
+    """Each Megatron-LM axis's degree of the mesh axes ``names`` (``rename``: the data axis to dp),
+    checked against Megatron-LM's two orders (:func:`_degrees`)."""
+    axes = [rename.get(a, a) for a in names]
     stray = [a for a in axes if a not in MEGATRON_AXES]
     if stray:
         raise ConfigError("--to", f"Megatron-LM has no axis {stray[0]!r}")
@@ -82,7 +104,7 @@ def _degrees(cfg: Config, mesh) -> dict[str, int]:
     if _mapped(axes) and mesh.ep > 1:
         raise ConfigError("--to", f"mesh order {axes} (dp outside pp: Megatron-LM's {TP_PP_DP}) with ep {mesh.ep} "
                           f"is not planned by meshplan; put pp outermost")
-    return {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
+    return {a: mesh.layout.degree(b) for a, b in zip(axes, names)}
 
 
 def _mapped(axes) -> bool:
@@ -105,6 +127,8 @@ def _parallel_flags(cfg: Config, mesh, deg: dict[str, int], mds: bool = False) -
     t, m = cfg.training, cfg.model
     out = [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}"]
     out += [] if mds else [f"--context-parallel-size {deg.get('cp', 1)}"]
+    n = _instances(cfg, mesh)
+    out += [f"--num-distributed-optimizer-instances {n}"] * (n > 1 and not mds)
     out += [f"--expert-model-parallel-size {mesh.ep}"] * (mesh.ep > 1)
     # at ep 1 too: Megatron-LM defaults etp to tp (arguments.py:587-588), so the planned etp is written
     out += [f"--expert-tensor-parallel-size {mesh.etp}"] * (mesh.ep > 1 or (m.is_moe and deg.get("tp", 1) > 1))

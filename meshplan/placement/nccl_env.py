@@ -14,6 +14,10 @@ Sources, each variable:
 - ``NCCL_IB_DISABLE=1``: same guide, NCCL_IB_DISABLE: no IB/RoCE transport, NCCL uses IP sockets.
 - ``GLOO_SOCKET_IFNAME``: PyTorch documentation, torch.distributed, "Common environment variables,
   Choosing the network interface to use".
+- RoCE (:data:`ROCE_NOTE`, a comment, no variable): same guide, NCCL_IB_GID_INDEX (default -1 since
+  NCCL 2.21: the GID is selected from the device's link layer and NCCL_SOCKET_FAMILY) and NCCL_IB_TC
+  (default -1, the device's; src/transport/net_ib ``NCCL_PARAM(IbTc, "IB_TC", -1)``); the lossless
+  traffic class and the GID of a RoCE fabric are the site's, so no value is written.
 - ``NCCL_CROSS_NIC``: same NCCL guide, NCCL_CROSS_NIC. 0: a ring or tree always uses the same NIC on
   every node, "suited for networks with per NIC switches (rails), with a slow inter-rail
   connection"; 1: different NICs allowed; 2 (the default): the same NIC, different ones only when
@@ -147,6 +151,14 @@ def rank_env(cluster: ClusterSpec, visible_devices: str, nic_env: dict, transpor
     return env
 
 
+#: The comment of a script whose NCCL_IB_HCA names RoCE NICs (``[cluster] nic = { transport = "roce" }``;
+#: newcomer trial nc61 #6): the RoCE settings it leaves to the site, with no value invented.
+ROCE_NOTE = ("RoCE: NCCL_IB_GID_INDEX (the RoCE v2 GID) and NCCL_IB_TC (the traffic class of the fabric's lossless "
+             "queue) are site settings, not written here: NCCL >= 2.21 picks the GID itself (default -1); set "
+             "NCCL_IB_TC (and NCCL_IB_GID_INDEX on older NCCL) as your network team configured the switches "
+             "(NCCL env docs)")
+
+
 #: :data:`ENV_DOC`'s ``CUDA_VISIBLE_DEVICES`` under ``place --visible one`` (each rank sees its own GPU).
 VISIBLE_ONE_DOC = "the rank's own GPU only, which it uses as cuda:0 (place --visible one)"
 
@@ -155,11 +167,15 @@ def env_comments(cluster: ClusterSpec, rows: list[dict], transport: str, nic_sco
                  visible: str = "all") -> list[str]:
     """The ``#   VAR: why`` lines of a script exporting ``rows``' ``env`` (:data:`ENV_DOC`, each
     variable once, in first use order; :data:`VISIBLE_ONE_DOC` for ``visible`` one), with
-    :func:`cross_nic_note` where it applies."""
+    :func:`cross_nic_note` where it applies and :data:`ROCE_NOTE` where NCCL_IB_HCA names the NICs of
+    a RoCE node."""
     used = dict.fromkeys(k for b in rows for k in b["env"])
     doc = ENV_DOC | ({"CUDA_VISIBLE_DEVICES": VISIBLE_ONE_DOC} if visible == "one" else {})
     out = [f"#   {k}: {doc[k]}" for k in used]
     note = cross_nic_note(cluster) if transport == "ib" and nic_scope == "node" else None
-    if note and any("NCCL_IB_HCA" in b["env"] for b in rows):
+    hca = any("NCCL_IB_HCA" in b["env"] for b in rows)
+    if note and hca:
         out.append(f"#   {note}")
+    if hca and any(n.transport == "roce" for n in cluster.node.nics):
+        out.append(f"#   {ROCE_NOTE}")
     return out

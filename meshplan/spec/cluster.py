@@ -8,7 +8,7 @@ catalog entry has a ``source``.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -154,6 +154,15 @@ class NICSpec(BaseModel):
     rail: int = Field(ge=0, le=MAX_GPUS_PER_NODE)
     ifname: Optional[Name] = None
     transport: Literal["infiniband", "roce"] = "infiniband"
+
+    #: Other names of a ``transport`` value (lower case, ``_-. +`` dropped; read by
+    #: :func:`meshplan.config_errors.spelled`): an Ethernet NIC that NCCL drives is RoCE (RDMA over
+    #: Converged Ethernet; NCCL's IB verbs transport), as NCCL's docs call it (newcomer trial nc61 #5).
+    SPELLINGS: ClassVar[dict[str, dict[str, tuple[str, str, str]]]] = {"transport": {
+        **dict.fromkeys(("ethernet", "eth", "rocev2", "rdma"), (
+            "roce", "an Ethernet NIC that NCCL drives over RDMA, RoCEv2", 'transport = "roce"')),
+        **dict.fromkeys(("ib", "ibverbs", "infiniband"), (
+            "infiniband", "an InfiniBand HCA", 'transport = "infiniband"'))}}
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
