@@ -191,8 +191,8 @@ def split_backward_ac_warning(training, schedule, pp: int) -> tuple[str, ...]:
     (:attr:`~meshplan.pipeline.base.PipelineSchedule.splits_backward`: zb_h1, zbv, dualpipev) at
     pp > 1 under activation checkpointing, i.e. a torchtitan ``[activation_checkpoint] mode`` other
     than none (:func:`~meshplan.interop.torchtitan_tables.write_recompute`: full, layer, op, and
-    selective without flash attention): :data:`SPLIT_BACKWARD_AC`, the plan's step being the
-    schedule's without that slowdown. The bubble hint leaves these schedules out then
+    selective without flash attention): :data:`SPLIT_BACKWARD_AC`, then what the plan's step counts of
+    it (:func:`w_replay_words`). The bubble hint leaves these schedules out then
     (:mod:`meshplan.schedule.bubble_hint`).
 
     >>> from meshplan.spec.training import TrainingSpec
@@ -205,8 +205,34 @@ def split_backward_ac_warning(training, schedule, pp: int) -> tuple[str, ...]:
     head = split_backward_ac_head(training, schedule, pp)
     if head is None:
         return ()
-    return (f"{head}: {SPLIT_BACKWARD_AC}; the predicted step is the schedule's without that slowdown; set "
+    return (f"{head}: {SPLIT_BACKWARD_AC}; {w_replay_words(training)}; set "
             "recompute = \"none\" if memory allows, or use interleaved_1f1b",)
+
+
+def w_replay_words(training) -> str:
+    """What a split-backward plan's step counts of torchtitan issue #773's slowdown under
+    ``training``'s recompute (:data:`SPLIT_BACKWARD_AC`), as measured on torch 2.13 CPU (two
+    checkpointed runtime Blocks, :func:`meshplan.memory.wlag.weight_groups`): eager torch with full or
+    per-layer AC replays a checkpointed layer's forward once per parameter group in W, which the step
+    times (:func:`meshplan.schedule.backward_pass._w_replays`); op-level AC raised in W ("Trying to
+    backward an extra time ... selective activation checkpoint": selective checkpointing's cache
+    serves one recompute); compiled, and Megatron-LM's selective (torchtitan mode full without flash
+    attention, planned as selective), were not measured and get no replays.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="op")
+    >>> "raised in W" in w_replay_words(t), "9 for a Llama layer" in w_replay_words(t.model_copy(update={"recompute": "full"}))
+    (True, True)
+    """
+    if training.recompute == "op":
+        return ("the predicted step is the schedule's, but torch 2.13 raised in W under op-level AC (\"Trying to "
+                "backward an extra time\": selective checkpointing serves one recompute, W runs one per parameter "
+                "group)")
+    if training.recompute in ("full", "layer") and not training.torch_compile:
+        return ("the predicted step counts one cause measured on torch 2.13 (each W replays a checkpointed layer's "
+                "forward once per parameter group, 9 for a Llama layer), no other")
+    return ("the predicted step is the schedule's without that slowdown (W's forward replays, measured on eager "
+            "torch under full AC, not counted here)")
 
 
 def split_backward_ac_head(training, schedule, pp: int) -> str | None:

@@ -169,6 +169,36 @@ def test_unit_without_communication_is_the_sum_of_its_ops():
     assert bx.duration_s + ww.duration_s == pytest.approx(b.duration_s)
 
 
+def test_zero_bubble_w_replays_a_checkpointed_layers_forward_per_parameter_group():
+    """torch 2.13's stage_backward_weight runs one autograd.grad per parameter group and the
+    non-reentrant checkpoint replays the layer's forward in each (tests/test_wlag_layers.py measured 18
+    forwards in W for 2 Blocks of 9 groups): under eager full AC a W of 4 Llama-3-8B layers is
+    4 x (weight-gradient GEMMs + 9 x the layer's forward), the replay being the whole forward (eager
+    torch re-runs the layer to its end: compute.recompute.full_ac_replays_whole). Not where ChunkCosts
+    carries no replays, nor compiled or under op-level AC (neither measured as replaying; op raised in W),
+    and B and Bx are unchanged (the replay in Bx is the one the step always had)."""
+    from meshplan.memory.wlag import weight_groups
+
+    g = weight_groups(MODEL)
+    assert g == 9  # attn norm, wq, wk, wv, wo, mlp norm, w_gate, w_up, w_down
+    w = Workload(seq_len=4096, micro_batch=1, recompute="full", torch_eager=True)
+    c = layer_cost(MODEL, GPU, w)
+    assert c.seconds("backward_input", recompute=True) == pytest.approx(c.forward_s)
+    with_r, without = ChunkCosts((c,) * 4, (False,) * 4, w_replays=(g,) * 4), ChunkCosts((c,) * 4, (False,) * 4)
+    ww = backward_unit("W", with_r, CommTimes(), w, Overlap()).duration_s
+    assert ww == pytest.approx(4 * (c.seconds("backward_weight") + 9 * c.forward_s))
+    assert backward_unit("W", without, CommTimes(), w, Overlap()).duration_s == pytest.approx(4 * c.seconds("backward_weight"))
+    for kind in ("B", "Bx"):
+        assert backward_unit(kind, with_r, CommTimes(), w, Overlap()).duration_s == \
+            backward_unit(kind, without, CommTimes(), w, Overlap()).duration_s
+    for other in (Workload(seq_len=4096, micro_batch=1, recompute="full"),  # compiled
+                  Workload(seq_len=4096, micro_batch=1, recompute="op", torch_eager=True)):
+        co = layer_cost(MODEL, GPU, other)
+        ch = ChunkCosts((co,) * 4, (False,) * 4, w_replays=(g,) * 4)
+        assert backward_unit("W", ch, CommTimes(), other, Overlap()).duration_s == \
+            pytest.approx(4 * co.seconds("backward_weight"))
+
+
 def test_tp_collectives_block_unless_overlapped():
     ch, c, w = _chunk(tp=4, sp=True)
     t = 2e-5  # shorter than half of the attention block (0.18 ms)

@@ -128,3 +128,37 @@ def test_torchs_w_replays_a_checkpointed_layer_once_per_parameter_group():
         after_i = len(calls)
         stage_backward_weight(iter(params), groups)
         assert (after_i, len(calls) - after_i, len(groups)) == (4, 2 * 9, 2 * 9), early
+
+
+def test_torchs_w_raises_under_op_level_selective_checkpointing():
+    """Op-level SAC (torchtitan's ``selective_ac_option = "op"``: save SDPA and every second mm,
+    recompute the rest) under the same split backward: I's recompute takes the saved outputs from
+    the SAC cache and the first graph task of W finds it spent, and torch 2.13 raises ("Trying to
+    backward an extra time ... selective activation checkpoint"), so the step times no W replays
+    under recompute "op" (meshplan.plan_runtime.w_replay_words says it raised)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from meshplan.runtime.execution.model import Block, rope_cos_sin, rope_head_dim
+
+    def context():
+        seen = {"forward": 0, "recompute": 0}
+
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if func == torch.ops.aten.mm.default:
+                seen[mode] += 1
+            save = "scaled_dot_product" in str(func) or (func == torch.ops.aten.mm.default and seen[mode] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+
+    dense = ModelSpec(**BASE)
+    torch.manual_seed(0)
+    block = Block(dense, 2)
+    x = torch.randn(1, 16, 32, requires_grad=True)
+    h = checkpoint(block, x, rope_cos_sin(16, rope_head_dim(dense)), use_reentrant=False, early_stop=False,
+                   context_fn=context)
+    params = list(block.parameters())
+    _, groups = stage_backward_input([h], [torch.ones_like(h)], [x], iter(params))
+    with pytest.raises(RuntimeError, match="backward an extra time"):
+        stage_backward_weight(iter(params), groups)

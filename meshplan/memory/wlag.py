@@ -153,7 +153,8 @@ def weight_groups(model, moe: bool = False) -> int:
     ``early_stop`` false or true) 2 forwards in F, 2 in I, 18 in W for 18 groups
     (tests/test_wlag_layers.py), so W replays a checkpointed layer's forward this many times (one
     cause of torchtitan issue #773's slowdown, :data:`meshplan.plan_runtime.SPLIT_BACKWARD_AC`). The
-    step does not time these replays yet: its W is the weight-gradient GEMMs alone.
+    step times them under eager full or per-layer AC (:func:`meshplan.schedule.backward_pass._w_replays`);
+    op-level AC raised in W in the same run (selective checkpointing serves one recompute).
 
     >>> from meshplan.spec.model import ModelSpec
     >>> weight_groups(ModelSpec(layers=1, hidden=64, ffn=96, q_heads=4, vocab=8))

@@ -17,7 +17,7 @@ from typing import Optional
 from meshplan.memory.constraints import Constraints, usable_bytes
 from meshplan.plan import build_plan
 from meshplan.plan_fidelity import plan_setting_line
-from meshplan.plan_runtime import split_backward_ac_head
+from meshplan.plan_runtime import split_backward_ac_head, w_replay_words
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE
 from meshplan.search.driver import SearchResult
@@ -106,7 +106,8 @@ def split_ac_lines(r: SearchResult) -> list[str]:
     torch (:func:`meshplan.search.split_ac.split_ac_table`), one ``warning:`` line: row 1's label,
     the words the plan's warning on its config opens with (:func:`meshplan.plan_runtime.split_backward_ac_head`),
     the issues (torchtitan #773, pytorch #136766; the search's note, which counts all such candidates,
-    gives what they report) and that its step leaves that out. None otherwise. Not a rank: the order
+    gives what they report) and what its step counts of that (:func:`meshplan.plan_runtime.w_replay_words`:
+    W's forward replays under eager full or per-layer AC, nothing else). None otherwise. Not a rank: the order
     stays the step's. The first row shown clear of this and every other row warning is the one
     pointer of :mod:`meshplan.report.search_clear`, not this line's."""
     c = r.candidates
@@ -122,8 +123,7 @@ def split_ac_lines(r: SearchResult) -> list[str]:
     assert cc.mesh is not None  # a candidate's config always carries its mesh
     head = split_backward_ac_head(cc.training, cc.mesh.pp_schedule, int(c.pp[e.index]))
     return [f"warning: row 1 ({c.label(e.index)}) runs {head}, reported far slower than interleaved 1F1B and to run "
-            "out of memory (torchtitan issue #773, pytorch issue #136766: see the note); its step is the schedule's "
-            "without that slowdown"]
+            f"out of memory (torchtitan issue #773, pytorch issue #136766: see the note); {w_replay_words(cc.training)}"]
 
 
 def setting_lines(r: SearchResult) -> list[str]:

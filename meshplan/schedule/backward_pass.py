@@ -212,7 +212,7 @@ def _layer_grads(s: StreamSim, chunk: ChunkCosts, i: int, p: _Pass, piece_s: flo
     in it (:func:`~meshplan.schedule.deepspeed_layer.ds_backward_layer`); else its blocks' backward
     (:func:`~meshplan.schedule.layer_timeline.backward_layer`), the tp all-reduce of its replicated
     weights' Partial gradients on the tp stream and the host's issue time (B, Bx), or its
-    weight-gradient GEMMs alone (W); then its unit's gradient reduction (``piece_s``: the
+    weight-gradient GEMMs and, checkpointed, its forward's replays (W: :func:`_w_replays`); then its unit's gradient reduction (``piece_s``: the
     per-step reduction's piece after it) and its experts'."""
     c, moe = chunk.layers[i], chunk.moe[i]
     ds = p.with_b and p.red_w and ds_placed(s, moe)
@@ -224,10 +224,28 @@ def _layer_grads(s: StreamSim, chunk: ChunkCosts, i: int, p: _Pass, piece_s: flo
         s.host_pace(f"L{i}", block_backward_issue_s(s.w, c))
     else:
         s.compute(f"L{i} W", c.seconds("backward_weight"))
+        _w_replays(s, chunk, i)
     if p.with_w and not ds:
         unit_reduce(s, f"L{i}", "layer", piece_s, p.red_w)
         if moe and p.red_w:
             unit_reduce(s, f"L{i} experts", "expert", 0.0)
+
+
+def _w_replays(s: StreamSim, chunk: ChunkCosts, i: int) -> None:
+    """A zero-bubble W of a fully checkpointed layer under eager torch (``recompute`` full, or
+    per-layer AC's checkpointed layers; ``Workload.torch_eager``): torch 2.13's
+    ``stage_backward_weight`` runs one ``autograd.grad`` per parameter group, and the non-reentrant
+    checkpoint replays the layer's whole forward in each (measured on torch 2.13 CPU, two runtime Blocks
+    of 9 groups each: 2 forwards in F, 2 in I, 18 in W, 140 GEMMs in W = 14 weight-gradient + 18 x 7
+    replayed: :func:`meshplan.memory.wlag.weight_groups`, tests/test_wlag_layers.py). So W carries
+    ``chunk.w_replays[i]`` times the layer's recomputed forward ops (``Cost.seconds("backward_input",
+    recompute=True)``, what B's own replay computes), as compute only: the replays' TP/CP/EP collectives
+    are not added (the W is a lower bound there). Not under op-level AC (torch 2.13 raises in W: "Trying
+    to backward an extra time ... selective activation checkpoint") nor compiled (not measured)."""
+    c = chunk.layers[i]
+    n = chunk.w_replays[i] if chunk.w_replays else 0
+    if n and s.w.torch_eager and s.w.recompute in ("full", "layer") and s.of(any_recompute, c):
+        s.compute(f"L{i} W: forward replayed x{n}", n * c.seconds("backward_input", recompute=True))
 
 
 def _after_layers(s: StreamSim, chunk: ChunkCosts, p: _Pass, embed_ag: Optional[Callable[[], object]],

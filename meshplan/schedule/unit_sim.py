@@ -71,11 +71,17 @@ class ChunkCosts:
     timer syncs, :func:`meshplan.compute.megatron_cost.megatron_batch_cost`) or None; ``engine``: what
     DeepSpeed's PipelineEngine and BF16_Optimizer run around the chunk's passes
     (:func:`meshplan.compute.deepspeed_pipe.engine_cost`: its forward ops before the layers, its
-    backward ones after them) or None."""
+    backward ones after them) or None; ``w_replays``: per layer, its parameter groups
+    (:func:`meshplan.memory.wlag.weight_groups`), how many times a zero-bubble W replays the layer's
+    forward where it is checkpointed (timed under eager full or per-layer AC only:
+    :func:`meshplan.schedule.backward_pass._w_replays`)."""
 
     layers: tuple[Cost, ...]
     moe: tuple[bool, ...]
     embed: Optional[Cost] = None
+    # per layer, the forward replays of a checkpointed layer in a split backward's W (one per
+    # parameter group: meshplan.memory.wlag.weight_groups); () where not given: none
+    w_replays: tuple[int, ...] = ()
     head: Optional[Cost] = None
     batch: Optional[Cost] = None
     engine: Optional[Cost] = None

@@ -24,6 +24,7 @@ from meshplan.compute.kernel_choices import float8_gemms, framework_kernels
 from meshplan.compute.recompute import layer_workload, op_replays_ep
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import Gemm, local_split, step_gemms
+from meshplan.memory.wlag import weight_groups
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.schedule.unit_sim import ChunkCosts
@@ -124,7 +125,9 @@ def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[li
     host = plan.config.cluster.node.pcie
     batch = _batch_costs(plan, w, last)
     engine = deepspeed_pipe_costs(plan, w)
+    groups = {k: weight_groups(model, k) for k in (False, True)}
     return [[ChunkCosts(layers=tuple(cost(i, s) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
+                        w_replays=tuple(groups[model.is_moe_layer(i)] for i in layers),
                         embed=embedding_cost(model, gpu, w, host) if (s, c) == (0, 0) else None,
                         head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None,
                         batch=batch(s, c), engine=engine[s])
