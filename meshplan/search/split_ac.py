@@ -62,8 +62,9 @@ def split_ac_rows(training, c: Candidates) -> np.ndarray:
 def split_ac_notes(cfg: Config, c: Candidates, code: np.ndarray) -> list[str]:
     """One line where some candidate of ``c`` is such a row (:func:`split_ac_rows`) not rejected by
     rule ``v-reshard`` (``code``; those are not kept): how many, how many of them feasible (``code``
-    :data:`~meshplan.search.reasons.OK`), that they are ranked by the schedule's step without the
-    reported slowdown, the sources and the fix."""
+    :data:`~meshplan.search.reasons.OK`), that they are ranked by the schedule's step with W's forward
+    replays counted under eager full or layer AC (:func:`meshplan.plan_runtime.w_replay_words`) and the
+    rest of the reported slowdown not, the sources and the fix."""
     rows = split_ac_rows(cfg.training, c) & (code != CODE["v-reshard"])
     n = int(rows.sum())
     if not n:
@@ -71,7 +72,8 @@ def split_ac_notes(cfg: Config, c: Candidates, code: np.ndarray) -> list[str]:
     scheds = "/".join(PIPELINE[k] for k in sorted(set(c.ps[rows].tolist())))
     return [f"{n:,} candidates ({int((rows & (code == OK)).sum()):,} feasible) run {scheds} with activation "
             "checkpointing (a torchtitan activation_checkpoint.mode other than none) under training.framework "
-            f"\"torch\": kept and ranked by the schedule's step without the slowdown reported, since neither "
+            "\"torch\": kept and ranked by the schedule's step (W's forward replays counted under eager full or "
+            "layer AC, the rest of the reported slowdown not), since neither "
             f"torchtitan nor torch refuses them: {SPLIT_BACKWARD_AC}; to leave them out, set [search] recompute "
             f"= [\"none\"] or drop {_listed(scheds.split('/'))} from [search] pp_schedules"]
 
