@@ -83,3 +83,21 @@ def test_chunk_gathers_equal_the_per_stage_loop(schedule, v):
             for window in (0, 3):
                 got = _chunk_gathers.__wrapped__(schedule, p, m, v, window)
                 assert np.array_equal(got, _per_stage(schedule, p, m, v, window)), (schedule, p, m, v, window)
+
+
+def test_distinct_rows_dense_table_equals_unique():
+    # search.memory.lookup's keys (search.key_codes): where the code span is small a table over
+    # it replaces np.unique; the keys must come in np.unique's order with the same inverse.
+    # By hand: rows (tp, ep) = (2, 1), (1, 0), (2, 1), (0, 1): codes tp + 3 ep = 5, 1, 5, 3,
+    # distinct ascending 1, 3, 5 -> keys [1, 0], [0, 1], [2, 1]; places 2, 0, 2, 1.
+    from meshplan.search.key_codes import distinct_rows
+    at, inv = distinct_rows([np.array([2, 1, 2, 0]), np.array([1, 0, 1, 1])])
+    assert at == [[1, 0], [0, 1], [2, 1]] and inv.tolist() == [2, 0, 2, 1]
+    rng = np.random.default_rng(3)
+    for n, hi in ((0, (2, 3)), (7, (9, 1, 17)), (5000, (64, 8, 3)), (5000, (10**6, 10**6, 10**3))):  # last: np.unique
+        keys = [rng.integers(0, h, n) for h in hi]
+        span = [int(k.max()) + 1 if n else 1 for k in keys]  # the mixed-radix code, first column least significant
+        code = keys[0] + span[0] * keys[1] + span[0] * span[1] * keys[2] if n else np.zeros(0, np.int64)
+        _, first, want = np.unique(code, return_index=True, return_inverse=True)
+        at, inv = distinct_rows(keys)
+        assert at == np.stack([k[first] for k in keys], axis=1).tolist() and np.array_equal(inv, want.reshape(-1))
