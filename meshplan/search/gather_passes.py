@@ -17,10 +17,11 @@ from meshplan.config import Config
 from meshplan.memory.deepspeed_fetch import config_reuse
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import SHARDING
-from meshplan.pipeline.fast import order_arrays
+from meshplan.pipeline.orders import CLOSED_FORM, order_arrays, stage_orders
 from meshplan.memory.schedule import stage_op_arrays
-from meshplan.pipeline.unshard_window import evicted, held_after, pipeline_window, unshards_first
+from meshplan.pipeline.unshard_window import held_after, pipeline_window, unshards_first
 from meshplan.search.memory import Stages
+from meshplan.search.window_rows import evicted_rows
 from meshplan.search.space import FSDP_SHARDINGS, Candidates, accumulates, candidate_schedule
 
 
@@ -116,31 +117,48 @@ def _gathers_both(schedule, p: int, m: int, v: int, window: int = 0) -> np.ndarr
 def _chunk_gathers(schedule, p: int, m: int, v: int, window: int = 0) -> np.ndarray:
     """(2 reshard, 2, p, v): gathering F and B passes per step of each stage's chunks, without
     and with resharding after forward: :func:`~meshplan.comm.fsdp_rows.fsdp_gather_flags`'s
-    rule on the stage's order as arrays (:func:`~meshplan.pipeline.fast.order_arrays`, one call
-    per stage for both): a pass gathers in the pass when it is its chunk's first (but where torch
+    rule on the stages' orders as arrays (:func:`~meshplan.pipeline.orders.stage_orders`, every
+    stage at once, for both, :func:`_rows_gathers`; one stage at a time where the stages' orders
+    differ in length): a pass gathers in the pass when it is its chunk's first (but where torch
     UNSHARDs it before, :func:`~meshplan.pipeline.unshard_window.unshards_first`, other than stage
     0's first op, whose UNSHARD at the step's start it waits for whole), or follows a
     forward of the chunk that resharded, unless it finds the chunk evicted by ``window`` (torch's
-    window of local stages, :func:`~meshplan.pipeline.unshard_window.evicted`, on the whole order:
-    gathered from the UNSHARD before, :func:`gathering_passes`); a backward leaves the chunk
-    gathered."""
-    out = np.zeros((2, 2, p, v))
+    window of local stages, :func:`~meshplan.pipeline.unshard_window.evicted` on every row,
+    :func:`~meshplan.search.window_rows.evicted_rows`, on the whole order: gathered from the
+    UNSHARD before, :func:`gathering_passes`); a backward leaves the chunk gathered."""
     own_first = not unshards_first(schedule, window)  # the first pass gathers itself
-    for s in range(p):
-        kind, _, chunk = order_arrays(schedule, p, m, v, s)
-        ev = evicted(chunk, window)
-        keep = kind < 2  # F and B (a W pass neither gathers nor reshards)
-        kind, chunk, ev = kind[keep], chunk[keep], ev[keep]
-        if v > 1:
-            o = np.argsort(chunk, kind="stable")
-            kind, chunk, ev = kind[o], chunk[o], ev[o]
-        first = np.concatenate([[True], chunk[1:] != chunk[:-1]])
-        after_f = np.concatenate([[False], kind[:-1] == 0]) & ~first  # a forward of the same chunk before
-        fwd = kind == 0
-        first &= own_first | (s == 0) & (chunk == 0)  # stage 0's op 0 has no lead: its gathers all exposed
-        for r, gathers in enumerate((first & ~ev, (first | after_f) & ~ev)):
-            out[r, 0, s] = np.bincount(chunk[gathers & fwd], minlength=v)
-            out[r, 1, s] = np.bincount(chunk[gathers & ~fwd], minlength=v)
+    orders = [order_arrays(schedule, p, m, v, s)[::2] for s in range(p)] if str(schedule) not in CLOSED_FORM else None
+    if orders is None or len({len(k) for k, _ in orders}) == 1:  # as many ops on every stage: all at once
+        kind, _, chunk = stage_orders(str(schedule), p, m, v) if orders is None else (
+            np.stack([k for k, _ in orders]), None, np.stack([c for _, c in orders]))
+        return _rows_gathers(kind, chunk, np.arange(p), v, window, own_first)
+    return np.concatenate([_rows_gathers(k[None], c[None], np.array([s]), v, window, own_first)
+                           for s, (k, c) in enumerate(orders)], axis=2)
+
+
+def _rows_gathers(kind: np.ndarray, chunk: np.ndarray, stage: np.ndarray, v: int, window: int,
+                  own_first: bool) -> np.ndarray:
+    """(2 reshard, 2, rows, v): :func:`_chunk_gathers` of the orders ``kind``, ``chunk`` ((rows, ops)
+    each, as many ops on every row) of the stages ``stage`` ((rows,))."""
+    rows = len(stage)
+    keep = kind < 2  # F and B (a W pass neither gathers nor reshards): as many on every row
+    ev = evicted_rows(chunk, window)[keep].reshape(rows, -1)
+    kind, chunk = kind[keep].reshape(rows, -1), chunk[keep].reshape(rows, -1)
+    if v > 1:
+        o = np.argsort(chunk.astype(np.int16), axis=1, kind="stable")  # radix sort: v < 2^15 chunks
+        kind, chunk, ev = (np.take_along_axis(a, o, axis=1) for a in (kind, chunk, ev))
+    first = np.ones(chunk.shape, dtype=bool)
+    first[:, 1:] = chunk[:, 1:] != chunk[:, :-1]
+    after_f = np.zeros(chunk.shape, dtype=bool)
+    after_f[:, 1:] = kind[:, :-1] == 0
+    after_f &= ~first  # a forward of the same chunk before
+    fwd = kind == 0
+    first &= own_first | (stage == 0)[:, None] & (chunk == 0)  # stage 0's op 0 has no lead: its gathers all exposed
+    slot = np.arange(rows)[:, None] * v + chunk  # (row, chunk) as one int for one bincount
+    out = np.zeros((2, 2, rows, v))
+    for r, gathers in enumerate((first & ~ev, (first | after_f) & ~ev)):
+        out[r, 0] = np.bincount(slot[gathers & fwd], minlength=rows * v).reshape(rows, v)
+        out[r, 1] = np.bincount(slot[gathers & ~fwd], minlength=rows * v).reshape(rows, v)
     return out
 
 

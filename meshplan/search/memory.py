@@ -31,6 +31,7 @@ from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import experts_apart_degrees, local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
 from meshplan.search.candidate import megatron_split, sharding_training, stage_split, titan_split
+from meshplan.search.key_codes import distinct_rows
 from meshplan.search.columns import RECOMPUTE, SHARDING, V_CODES, ZB_H1_CODE, Candidates, candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
@@ -176,18 +177,9 @@ def split(c: Candidates, dim: Dim) -> np.ndarray:
 
 def lookup(keys: list[np.ndarray], fn, fields: tuple[str, ...], dtype=np.int64) -> dict[str, np.ndarray]:
     """``fn(*key)`` once per distinct row of ``keys``, its attributes (or dict items)
-    ``fields`` broadcast back to one array per field."""
-    cols = [np.asarray(k, dtype=np.int64) for k in keys]
-    code, radix = np.zeros(cols[0].shape, dtype=np.int64), 1
-    for col in cols:  # mixed-radix code of each row (np.unique on rows is slow)
-        span = int(col.max()) + 1 if col.size else 1
-        code, radix = code + col * radix, radix * span
-    if radix < 2**62:
-        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-    else:
-        _, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
-    inv = inv.reshape(-1)
-    at = np.stack([col[first] for col in cols], axis=1).tolist()  # each distinct key as Python ints
+    ``fields`` broadcast back to one array per field (distinct keys and each row's place:
+    :func:`~meshplan.search.key_codes.distinct_rows`)."""
+    at, inv = distinct_rows(keys)
     vals = [fn(*k) for k in at]
     rows = [[v[f] for f in fields] if isinstance(v, dict) else [getattr(v, f) for f in fields] for v in vals]
     table = np.array(rows, dtype=dtype).reshape(len(vals), len(fields)).T  # (fields, distinct keys)
