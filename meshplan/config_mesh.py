@@ -61,11 +61,7 @@ def megatron_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tupl
     note = (f"mesh.etp not given: {tp}, the tp degree, as Megatron-LM defaults --expert-tensor-parallel-size to "
             f"--tensor-model-parallel-size (framework megatron); for experts without tp write in [mesh] "
             f"{_etp_one(spec, deg)}")
-    if spec.names is not None:
-        spec = spec.model_copy(update={"names": [*spec.names, "etp"], "shape": [*(spec.shape or []), tp]})
-    else:
-        spec = spec.model_copy(update={"order": f"etp-{spec.order}", "degrees": deg | {"etp": tp}})
-    return spec, (*notes, note)
+    return _with_etp(spec, deg, tp), (*notes, note)
 
 
 def _etp_one(spec: MeshSpec, deg: dict[str, int]) -> str:
@@ -99,8 +95,16 @@ def torch_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tuple[s
         return spec, notes
     note = (f"mesh.etp not given: {tp}, the tp degree, as torchtitan at ep 1 shards every routed expert over tp "
             f"(w1/w3 Shard(1), w2 Shard(2); framework torch, moe_sharding.py at b5bcd76)")
+    return _with_etp(spec, deg, tp), (*notes, note)
+
+
+def _with_etp(spec: MeshSpec, deg: dict[str, int], etp: int) -> MeshSpec:
+    """``spec`` with an ``etp`` axis of degree ``etp`` added as the user wrote the mesh: appended to
+    ``names``/``shape``, or first in ``order`` with ``degrees`` (``deg``, the degrees as written).
+
+    >>> _with_etp(MeshSpec(names=["dp", "tp"], shape=[4, 2]), {}, 2).shape
+    [4, 2, 2]
+    """
     if spec.names is not None:
-        spec = spec.model_copy(update={"names": [*spec.names, "etp"], "shape": [*(spec.shape or []), tp]})
-    else:
-        spec = spec.model_copy(update={"order": f"etp-{spec.order}", "degrees": deg | {"etp": tp}})
-    return spec, (*notes, note)
+        return spec.model_copy(update={"names": [*spec.names, "etp"], "shape": [*(spec.shape or []), etp]})
+    return spec.model_copy(update={"order": f"etp-{spec.order}", "degrees": deg | {"etp": etp}})
