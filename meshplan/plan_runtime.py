@@ -209,6 +209,28 @@ def split_backward_ac_warning(training, schedule, pp: int) -> tuple[str, ...]:
             "recompute = \"none\" if memory allows, or use interleaved_1f1b",)
 
 
+#: Why the search rejects a row with op-level selective AC (recompute ``op``) under a schedule that splits
+#: the backward (rule ``split-op``, :func:`op_ac_raises`): measured on torch 2.13 CPU (two checkpointed
+#: runtime Blocks, torchtitan's op policy), ``stage_backward_weight`` runs one autograd.grad per parameter
+#: group and raised at the second; AReaL PR #916 (areal-project/AReaL, 2026-02) disables op-level AC for
+#: V-style schedules as incompatible with split backward.
+OP_AC_RAISES = ("zbv, dualpipev or zb_h1 with recompute op (torchtitan selective_ac_option \"op\") under framework "
+                "torch: torch 2.13 raised in W (\"Trying to backward an extra time ... selective activation "
+                "checkpoint\", measured on CPU: W runs one autograd.grad per parameter group, selective "
+                "checkpointing serves one recompute)")
+
+
+def op_ac_raises(framework, pp, splits_backward, op):
+    """Whether torch 2.13 raises in W (:data:`OP_AC_RAISES`): framework torch, pp > 1, a schedule
+    that splits the backward (:attr:`~meshplan.pipeline.base.PipelineSchedule.splits_backward`) and
+    recompute op; ints and bools, or arrays of them (the search's rule ``split-op`` over its columns).
+
+    >>> op_ac_raises("torch", 2, True, True), op_ac_raises("torch", 1, True, True), op_ac_raises("megatron", 2, True, True)
+    (True, False, False)
+    """
+    return (framework == "torch") & (pp > 1) & splits_backward & op
+
+
 def w_replay_words(training) -> str:
     """What a split-backward plan's step counts of torchtitan issue #773's slowdown under
     ``training``'s recompute (:data:`SPLIT_BACKWARD_AC`), as measured on torch 2.13 CPU (two

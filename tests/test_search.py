@@ -22,8 +22,8 @@ from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.driver import search
 from meshplan.search.estimate import refine
 from meshplan.search.rank import mesh_of, ranked
-from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, candidate_config, enumerate_candidates, \
-    zero1_refused
+from meshplan.search.space import CODE, OK, PIPELINE, REASONS, RECOMPUTE, SHARDING, candidate_config, \
+    enumerate_candidates, zero1_refused
 from meshplan.config import config_from_dict
 from meshplan.schedule.steptime import step_time
 from tests.cli_run import run_captured
@@ -141,7 +141,8 @@ def refused(r, i: int) -> bool:
     which build_plan does not apply: no bound is computed for it; likewise rule ``replicate`` under
     torch, an hsdp row that shards nothing, ``reasons.TORCH_DDP_REFUSED``, rule ``v-reshard`` under torch,
     ZB-V or DualPipeV with FSDP2 over a data axis resharded after forward, ``reasons.V_RESHARD_REFUSED``,
-    rule ``split`` under
+    rule ``split-op`` under torch, recompute op under a split backward, ``plan_runtime.OP_AC_RAISES``, rule
+    ``split`` under
     megatron, a pp with no first/last split, ``reasons.MEGATRON_SPLIT_REFUSED``, and rule ``block``, a block
     recompute row the search drops by its memory bounds (search/block_recompute.py)."""
     c = r.candidates
@@ -150,6 +151,10 @@ def refused(r, i: int) -> bool:
         return True
     if r.code[i] == CODE["v-reshard"]:  # torch 2.13's V schedules, FSDP2 resharded after forward: V_RESHARD_REFUSED
         assert r.config.training.framework == "torch" and c.fsdp2_over_data[i] and c.pp[i] > 1 and c.rf[i]
+        return True
+    if r.code[i] == CODE["split-op"]:  # op-level SAC raised in W under a split backward: plan_runtime.OP_AC_RAISES
+        assert r.config.training.framework == "torch" and c.pp[i] > 1 and c.rc[i] == RECOMPUTE.index("op")
+        assert PIPELINE[c.ps[i]] in ("zbv", "dualpipev", "zb_h1")
         return True
     if r.code[i] == CODE["block"]:  # a block recompute row the search drops by its bounds (rule block: none fits
         # there already, or only every layer checkpointed does, full's own row): no bound is kept for it

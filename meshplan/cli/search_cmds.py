@@ -216,8 +216,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     dp_shard x cp > 1) and reshard_after_forward true is rejected, rule 'v-reshard': torch 2.13 computes no weight
     gradient for a layer unit resharded after its forward where the schedule splits its backward, so its gradients
     are wrong (validate refuses such a mesh; plan, step and compare warn; fix: reshard_after_forward false,
-    torchtitan's default under pp), while the same rows with reshard_after_forward false are kept; under framework
-    torch with activation checkpointing (a torchtitan activation_checkpoint.mode
+    torchtitan's default under pp), while the same rows with reshard_after_forward false are kept; one with
+    recompute op is rejected, rule 'split-op': torch 2.13 raised in W (op-level selective AC serves one
+    recompute, W runs one per parameter group; fix: recompute full or none, or 1f1b/interleaved); under framework
+    torch with other activation checkpointing (a torchtitan activation_checkpoint.mode
     other than none) they are kept and ranked, as torchtitan and torch run them, one note counts them with what
     torchtitan issue #773
     and pytorch issue #136766 report (far slower than interleaved 1F1B, out of memory), a warning under the

@@ -32,6 +32,8 @@ _FIXES = {
     "replicate": "add zero3 to search.sharding or let search.dp_shard or search.cp exceed 1 (FSDP2 shards over them)",
     "v-reshard": "let search.reshard_after_forward include false (training.reshard_after_forward = false, "
                  "torchtitan's default under pp), or drop zbv, dualpipev and zb_h1 from search.pp_schedules",
+    "split-op": "set [search] recompute to full or none (not op), or keep 1f1b (with vpp > 1: interleaved) alone in "
+                "search.pp_schedules",
     "deepep": "let search.ep (x etp) reach a group size DeepEP has a config for (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, "
               "144, 160; not 1) or set training.moe_dispatcher = \"alltoall\"",
     "memory": "add nodes, or let [search] reach less memory (recompute full, sharding zero3, micro_batch 1, larger "

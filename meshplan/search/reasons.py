@@ -14,9 +14,9 @@ from meshplan.config import Config
 from meshplan.mesh.layers import first_last_split
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.vshape import VShaped, reshard_defect
-from meshplan.plan_runtime import dualpipev_ep_ac_reasons
+from meshplan.plan_runtime import OP_AC_RAISES, dualpipev_ep_ac_reasons, op_ac_raises
 from meshplan.search.block_recompute import BLOCK_REFUSED, block_pointless
-from meshplan.search.columns import PIPELINE, SEARCHED, SHARDING, ZERO12, Candidates
+from meshplan.search.columns import PIPELINE, RECOMPUTE, SEARCHED, SHARDING, ZERO12, Candidates
 from meshplan.spec.axes.registry import rules
 
 #: The pipeline schedules' own rules the search evaluates (each schedule's ``refused`` under
@@ -89,6 +89,7 @@ _SCHEDULE_REASONS = (
     ("replicate", TORCH_DDP_REFUSED),
     ("v-reshard", V_RESHARD_REFUSED),
     ("deepep", DEEPEP_REFUSED),
+    ("split-op", OP_AC_RAISES),
 )
 #: The ``host`` rule under ``training.offload_optimizer = "cpu"`` (DeepSpeed ZeRO-Offload): the plan's
 #: host-memory reason (:func:`meshplan.memory.offload_host.host_memory_reasons`), over every candidate at
@@ -222,6 +223,8 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("deepep", (t.moe_dispatcher == "deepep") & m.is_moe
          & (~np.isin(c.ep * c.etp, catalog.deepep_buffer()["group_sizes"])
             | ((t.framework == "torch") & ((c.ep < 2) | (c.etp > 1))))),
+        # op-level selective AC raised in W under torch 2.13's split backward (plan_runtime.OP_AC_RAISES)
+        ("split-op", op_ac_raises(t.framework, c.pp, _SPLITS[c.ps], c.rc == RECOMPUTE.index("op"))),
         # a block row whose largest chunk has one layer: n 1 is full (the search's memory pass and
         # exact planner reject the others that add nothing, search.block_recompute)
         ("block", False if c.rk is None else block_pointless(c.rc, c.rk)),

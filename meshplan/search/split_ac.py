@@ -20,7 +20,9 @@ issue #773 (open) and pytorch issue #136766, is :data:`meshplan.plan_runtime.SPL
 
 The search plans them where asked (``[search] pp_schedules``: zbv, dualpipev, zb_h1), less the rows with FSDP2 over a data axis and ``reshard_after_forward`` true, which it
 rejects whatever the recompute (rule ``v-reshard``: torch 2.13 gets their gradients wrong,
-:data:`meshplan.pipeline.vshape.RESHARD_DEFECT`) and the note does not count, since they are not kept;
+:data:`meshplan.pipeline.vshape.RESHARD_DEFECT`) and the rows with recompute op, which it rejects
+(rule ``split-op``: torch 2.13 raised in W, :data:`meshplan.plan_runtime.OP_AC_RAISES`); the note does not
+count either, since they are not kept;
 under ``training.framework = "megatron"`` they are an error before the search
 (:func:`meshplan.pipeline.registry.check_searched`), so no row there is one.
 """
@@ -61,11 +63,11 @@ def split_ac_rows(training, c: Candidates) -> np.ndarray:
 
 def split_ac_notes(cfg: Config, c: Candidates, code: np.ndarray) -> list[str]:
     """One line where some candidate of ``c`` is such a row (:func:`split_ac_rows`) not rejected by
-    rule ``v-reshard`` (``code``; those are not kept): how many, how many of them feasible (``code``
+    rule ``v-reshard`` or ``split-op`` (``code``; those are not kept): how many, how many of them feasible (``code``
     :data:`~meshplan.search.reasons.OK`), that they are ranked by the schedule's step with W's forward
     replays counted under eager full or layer AC (:func:`meshplan.plan_runtime.w_replay_words`) and the
     rest of the reported slowdown not, the sources and the fix."""
-    rows = split_ac_rows(cfg.training, c) & (code != CODE["v-reshard"])
+    rows = split_ac_rows(cfg.training, c) & (code != CODE["v-reshard"]) & (code != CODE["split-op"])
     n = int(rows.sum())
     if not n:
         return []
