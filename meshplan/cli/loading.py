@@ -15,8 +15,6 @@ import typer
 from meshplan.cli.common import _echo
 from meshplan.cli.schedule_opt import renamed, scheduled
 from meshplan.comm.calibrate_nics import config_nic_warning
-from meshplan.placement.nccl_env import unread_leaf_oversubscription
-from meshplan.placement.node_check import node_warnings
 from meshplan.comm.calibration import load_calibrations
 from meshplan.comm.calibration_apply import apply_calibration
 from meshplan.comm.calibration_notes import calibration_doc
@@ -29,6 +27,8 @@ from meshplan.interop.foreign import load_any
 from meshplan.interop.world_words import foreign_world_error
 from meshplan.mesh.resolve import world_error
 from meshplan.mesh.validity import input_error, unresolved_reasons
+from meshplan.placement.nccl_env import unread_leaf_oversubscription
+from meshplan.placement.node_check import node_warnings
 from meshplan.placement.topology import load_topology
 from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology, topology_notes
 from meshplan.plan import Infeasible, Plan, build_plan

@@ -65,7 +65,8 @@ def _gpus_without_nic(node: NodeSpec) -> list[str]:
     if not none:
         return []
     who = f"GPU {none[0]} is" if len(none) == 1 else f"GPUs {none} are"
-    return [f"warning: cluster.node.nics: {who} under no NIC, so it shares a NIC of its socket (or has none); check each NIC's gpus ({_TOPO}: the NIC under each GPU's PCIe switch)"]
+    return [f"warning: cluster.node.nics: {who} under no NIC, so it shares a NIC of its socket (or has none); "
+            f"check each NIC's gpus ({_TOPO}: the NIC under each GPU's PCIe switch)"]
 
 
 def _sockets(node: NodeSpec) -> list[str]:

@@ -212,7 +212,8 @@ def _layer_grads(s: StreamSim, chunk: ChunkCosts, i: int, p: _Pass, piece_s: flo
     in it (:func:`~meshplan.schedule.deepspeed_layer.ds_backward_layer`); else its blocks' backward
     (:func:`~meshplan.schedule.layer_timeline.backward_layer`), the tp all-reduce of its replicated
     weights' Partial gradients on the tp stream and the host's issue time (B, Bx), or its
-    weight-gradient GEMMs and, checkpointed, its forward's replays (W: :func:`_w_replays`); then its unit's gradient reduction (``piece_s``: the
+    weight-gradient GEMMs and, checkpointed, its forward's replays (W: :func:`_w_replays`); then its
+    unit's gradient reduction (``piece_s``: the
     per-step reduction's piece after it) and its experts'."""
     c, moe = chunk.layers[i], chunk.moe[i]
     ds = p.with_b and p.red_w and ds_placed(s, moe)
