@@ -3,7 +3,7 @@ op-level selective AC) and a schedule that splits the backward (zbv, dualpipev, 
 torch 2.13 raised in W: ``stage_backward_weight`` runs one autograd.grad per parameter group and selective
 checkpointing's cache serves one recompute ("Trying to backward an extra time ... selective activation
 checkpoint", measured on CPU with two runtime Blocks; AReaL PR #916 disables op-level AC for V-style
-schedules for the same reason). :data:`meshplan.plan_runtime.OP_AC_RAISES`.
+schedules for the same reason). :data:`meshplan.pipeline.split_backward_ac.OP_AC_RAISES`.
 
 The space (8 GPUs, the 8-layer model of tests/test_search.py, global batch 64, micro-batch 4, zero3 kept
 gathered after forward so that rule ``v-reshard`` takes nothing, tp 1, cp 1, pp 2, so dp_shard 4):
@@ -15,7 +15,7 @@ row are not its."""
 
 from __future__ import annotations
 
-from meshplan.plan_runtime import OP_AC_RAISES, op_ac_raises
+from meshplan.pipeline.split_backward_ac import OP_AC_RAISES, op_ac_raises
 from meshplan.report.search import count_lines
 from meshplan.report.search_fix import infeasible_line
 from meshplan.search.columns import PIPELINE, RECOMPUTE
