@@ -38,8 +38,10 @@ def split_backward_ac_warning(training, schedule, pp: int) -> tuple[str, ...]:
     pp > 1 under activation checkpointing, i.e. a torchtitan ``[activation_checkpoint] mode`` other
     than none (:func:`~meshplan.interop.torchtitan_tables.write_recompute`: full, layer, op, and
     selective without flash attention): :data:`SPLIT_BACKWARD_AC`, then what the plan's step counts of
-    it (:func:`w_replay_words`). The bubble hint leaves these schedules out then
-    (:mod:`meshplan.schedule.bubble_hint`).
+    it (:func:`w_replay_words`), then the fix: under recompute op, where torch 2.13 raised in W
+    (:func:`op_ac_raises`, the predicate of the search's rule ``split-op``), that the search rejects
+    the mesh under that rule and :data:`SPLIT_OP_FIX`; otherwise recompute none or interleaved 1F1B.
+    The bubble hint leaves these schedules out then (:mod:`meshplan.schedule.bubble_hint`).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="full")
@@ -47,12 +49,24 @@ def split_backward_ac_warning(training, schedule, pp: int) -> tuple[str, ...]:
     (1, ())
     >>> split_backward_ac_warning(t.model_copy(update={"recompute": "selective"}), "zbv", 4)  # flash: mode none
     ()
+    >>> print(split_backward_ac_warning(t.model_copy(update={"recompute": "op"}), "zbv", 4)[0].split("group); ")[1])
+    meshplan search rejects this mesh (rule 'split-op'); set recompute = "full" or "layer" (or "none" if memory allows), or a schedule that does not split the backward (1f1b, interleaved_1f1b)
     """
     head = split_backward_ac_head(training, schedule, pp)
     if head is None:
         return ()
-    return (f"{head}: {SPLIT_BACKWARD_AC}; {w_replay_words(training)}; set "
-            "recompute = \"none\" if memory allows, or use interleaved_1f1b",)
+    raises = op_ac_raises(training.framework, pp, get_schedule(schedule).splits_backward, training.recompute == "op")
+    fix = SPLIT_OP_FIX if raises else "set recompute = \"none\" if memory allows, or use interleaved_1f1b"
+    return (f"{head}: {SPLIT_BACKWARD_AC}; {w_replay_words(training)}; {fix}",)
+
+
+#: The end of :func:`split_backward_ac_warning` where :func:`op_ac_raises` holds: the search's rule
+#: (:mod:`meshplan.search.reasons`, ``split-op``) and the settings torch 2.13 runs instead: full or
+#: per-layer AC (they run, W replaying each checkpointed layer's forward: :func:`w_replay_words`), no
+#: AC, or a schedule whose backward is one autograd call (gpipe, 1f1b, interleaved_1f1b). The search's
+#: own fix line says the same in its terms (:mod:`meshplan.report.search_fix`).
+SPLIT_OP_FIX = ("meshplan search rejects this mesh (rule 'split-op'); set recompute = \"full\" or \"layer\" (or "
+                "\"none\" if memory allows), or a schedule that does not split the backward (1f1b, interleaved_1f1b)")
 
 
 #: Why the search rejects a row with op-level selective AC (recompute ``op``) under a schedule that splits
@@ -113,7 +127,9 @@ def split_backward_ac_head(training, schedule, pp: int) -> str | None:
     dualpipev with activation checkpointing (recompute 'op': torchtitan activation_checkpoint.mode = "selective") under framework torch
     """
     sched = get_schedule(schedule)
-    if training.framework != "torch" or pp <= 1 or not sched.splits_backward:
+    # framework torch, pp > 1 and a split backward: op_ac_raises's own condition, asked at recompute op
+    # (the AC mode is checked next), so the warning and the search's rule split-op hold one verdict
+    if not op_ac_raises(training.framework, pp, sched.splits_backward, True):
         return None
     mode = write_recompute(training)["mode"]
     if mode == "none":
