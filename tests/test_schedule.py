@@ -245,7 +245,8 @@ def test_gradient_reduce_scatter_overlaps_the_next_layer_backward():
 # Whole plans ----------------------------------------------------------------------------
 
 from meshplan.plan import build_plan  # noqa: E402
-from meshplan.plan_runtime import ZERO1_WITHOUT_ENGINE, split_backward_ac_warning  # noqa: E402
+from meshplan.pipeline.split_backward_ac import split_backward_ac_warning  # noqa: E402
+from meshplan.plan_runtime import ZERO1_WITHOUT_ENGINE  # noqa: E402
 from meshplan.config import config_from_dict, load_config  # noqa: E402
 from meshplan.schedule.steptime import step_time  # noqa: E402
 from meshplan.schedule.comm_streams import comm_kind  # noqa: E402

@@ -141,7 +141,7 @@ def refused(r, i: int) -> bool:
     which build_plan does not apply: no bound is computed for it; likewise rule ``replicate`` under
     torch, an hsdp row that shards nothing, ``reasons.TORCH_DDP_REFUSED``, rule ``v-reshard`` under torch,
     ZB-V or DualPipeV with FSDP2 over a data axis resharded after forward, ``reasons.V_RESHARD_REFUSED``,
-    rule ``split-op`` under torch, recompute op under a split backward, ``plan_runtime.OP_AC_RAISES``, rule
+    rule ``split-op`` under torch, recompute op under a split backward, ``pipeline.split_backward_ac.OP_AC_RAISES``, rule
     ``split`` under
     megatron, a pp with no first/last split, ``reasons.MEGATRON_SPLIT_REFUSED``, and rule ``block``, a block
     recompute row the search drops by its memory bounds (search/block_recompute.py)."""
@@ -152,7 +152,7 @@ def refused(r, i: int) -> bool:
     if r.code[i] == CODE["v-reshard"]:  # torch 2.13's V schedules, FSDP2 resharded after forward: V_RESHARD_REFUSED
         assert r.config.training.framework == "torch" and c.fsdp2_over_data[i] and c.pp[i] > 1 and c.rf[i]
         return True
-    if r.code[i] == CODE["split-op"]:  # op-level SAC raised in W under a split backward: plan_runtime.OP_AC_RAISES
+    if r.code[i] == CODE["split-op"]:  # op-level SAC raised in W under a split backward: pipeline.split_backward_ac.OP_AC_RAISES
         assert r.config.training.framework == "torch" and c.pp[i] > 1 and c.rc[i] == RECOMPUTE.index("op")
         assert PIPELINE[c.ps[i]] in ("zbv", "dualpipev", "zb_h1")
         return True

@@ -2,7 +2,7 @@
 #773 (open, bug and release_blocking) measured InterleavedZeroBubble at 13 tokens/s per GPU
 against Interleaved1F1B's 128 on 512 GPUs, and found it slower only with AC; pytorch issue
 #136766 (closed; pytorch PR #138119 cut the memory) ran out of memory. plan and step warn on the
-combination (:func:`meshplan.plan_runtime.split_backward_ac_warning`) and the bubble hint tries
+combination (:func:`meshplan.pipeline.split_backward_ac.split_backward_ac_warning`) and the bubble hint tries
 no zero-bubble schedule under AC. A newcomer's trial: the hint on
 examples/llama3-405b_16384xh100_tp8-pp16-dp128.toml (recompute full) suggested zb_h1."""
 
@@ -14,7 +14,8 @@ import pytest
 
 from meshplan.config import load_config
 from meshplan.plan import build_plan
-from meshplan.plan_runtime import SPLIT_BACKWARD_AC, config_warnings, split_backward_ac_warning
+from meshplan.pipeline.split_backward_ac import SPLIT_BACKWARD_AC, split_backward_ac_warning
+from meshplan.plan_runtime import config_warnings
 from meshplan.schedule import bubble_hint as bh
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import rebuilt_step

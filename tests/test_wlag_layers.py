@@ -135,7 +135,7 @@ def test_torchs_w_raises_under_op_level_selective_checkpointing():
     recompute the rest) under the same split backward: I's recompute takes the saved outputs from
     the SAC cache and the first graph task of W finds it spent, and torch 2.13 raises ("Trying to
     backward an extra time ... selective activation checkpoint"), so the step times no W replays
-    under recompute "op" (meshplan.plan_runtime.w_replay_words says it raised)."""
+    under recompute "op" (meshplan.pipeline.split_backward_ac.w_replay_words says it raised)."""
     torch = pytest.importorskip("torch")
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight

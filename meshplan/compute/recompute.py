@@ -32,7 +32,7 @@ def replay(o: Op) -> Op:
 #: Forward GEMMs of a Llama layer whose outputs torchtitan's op-level selective AC saves (the
 #: odd-numbered mms of a Llama block: wq, wk, wv, wo, w1 gate, w3 up, w2 down; GeLU MLP: w_up,
 #: w_down): :func:`op_sac_saved_mms` of :func:`op_sac_mms`, kept by
-#: :func:`meshplan.memory.activations.op_sac_terms`.
+#: :func:`meshplan.memory.op_sac.op_sac_terms`.
 OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
 OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 #: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's

@@ -152,7 +152,7 @@ def weight_groups(model, moe: bool = False) -> int:
     once per graph task that reaches it: measured (torch 2.13 CPU, two checkpointed runtime Blocks,
     ``early_stop`` false or true) 2 forwards in F, 2 in I, 18 in W for 18 groups
     (tests/test_wlag_layers.py), so W replays a checkpointed layer's forward this many times (one
-    cause of torchtitan issue #773's slowdown, :data:`meshplan.plan_runtime.SPLIT_BACKWARD_AC`). The
+    cause of torchtitan issue #773's slowdown, :data:`meshplan.pipeline.split_backward_ac.SPLIT_BACKWARD_AC`). The
     step times them under eager full or per-layer AC (:func:`meshplan.schedule.backward_pass._w_replays`);
     op-level AC raised in W in the same run (selective checkpointing serves one recompute).
 

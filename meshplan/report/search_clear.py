@@ -12,7 +12,7 @@ runtime warnings):
   ``[memory] fragmentation_fraction`` is below it (:func:`meshplan.report.search_lines.tight`,
   the table's headroom warning; GMLake, ASPLOS 2024);
 - :data:`SPLIT_AC`: a split-backward schedule (zbv, dualpipev, zb_h1) under activation checkpointing with framework
-  torch (:func:`meshplan.plan_runtime.split_backward_ac_warning`, the table's split-AC warning;
+  torch (:func:`meshplan.pipeline.split_backward_ac.split_backward_ac_warning`, the table's split-AC warning;
   torchtitan issue #773, pytorch issue #136766);
 - any other of :func:`meshplan.plan_runtime.config_warnings` of the row's config, named by the
   words before its first ``": "`` (the schedule's, e.g. ZB-V with FSDP2 over a data axis, and
@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from meshplan.memory.constraints import usable_bytes
-from meshplan.plan_runtime import config_warnings, position_warning, split_backward_ac_warning
+from meshplan.pipeline.split_backward_ac import split_backward_ac_warning
+from meshplan.plan_runtime import config_warnings, position_warning
 from meshplan.report.search_lines import export_headroom, tight
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import SearchResult

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.memory.constraints import Constraints, usable_bytes
+from meshplan.pipeline.split_backward_ac import split_backward_ac_head, w_replay_words
 from meshplan.plan import build_plan
 from meshplan.plan_fidelity import plan_setting_line
-from meshplan.plan_runtime import split_backward_ac_head, w_replay_words
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE
 from meshplan.search.driver import SearchResult
@@ -104,9 +104,9 @@ def headroom_lines(r: SearchResult) -> list[str]:
 def split_ac_lines(r: SearchResult) -> list[str]:
     """Where row 1 runs a split-backward schedule with activation checkpointing under framework
     torch (:func:`meshplan.search.split_ac.split_ac_table`), one ``warning:`` line: row 1's label,
-    the words the plan's warning on its config opens with (:func:`meshplan.plan_runtime.split_backward_ac_head`),
+    the words the plan's warning on its config opens with (:func:`meshplan.pipeline.split_backward_ac.split_backward_ac_head`),
     the issues (torchtitan #773, pytorch #136766; the search's note, which counts all such candidates,
-    gives what they report) and what its step counts of that (:func:`meshplan.plan_runtime.w_replay_words`:
+    gives what they report) and what its step counts of that (:func:`meshplan.pipeline.split_backward_ac.w_replay_words`:
     W's forward replays under eager full or per-layer AC, nothing else). None otherwise. Not a rank: the order
     stays the step's. The first row shown clear of this and every other row warning is the one
     pointer of :mod:`meshplan.report.search_clear`, not this line's."""

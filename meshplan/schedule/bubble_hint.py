@@ -25,7 +25,7 @@ arXiv 2401.10241: split backward):
   over a data axis and ``reshard_after_forward`` true tried with it false (``, training.reshard_after_forward
   = false`` in the knob's words: the fix of their warning, torchtitan's default under pp),
   and all three left out under activation checkpointing, which torch's split backward is reported to
-  run far slower (:func:`meshplan.plan_runtime.split_backward_ac_warning`: torchtitan issue #773,
+  run far slower (:func:`meshplan.pipeline.split_backward_ac.split_backward_ac_warning`: torchtitan issue #773,
   pytorch issue #136766);
 - fewer stages on the same world: pp / 2 with the freed factor on the data axis (its per-stage
   layer split merged pairwise), which halves the micro-batches per stage as well.
@@ -45,8 +45,8 @@ from typing import Callable, Optional
 from meshplan.interop.torchtitan_tables import default_split
 from meshplan.memory.constraints import usable_bytes
 from meshplan.pipeline.registry import get as get_schedule
+from meshplan.pipeline.split_backward_ac import split_backward_ac_warning
 from meshplan.plan import Plan
-from meshplan.plan_runtime import split_backward_ac_warning
 from meshplan.schedule.hint_facts import Hint, HintLine, knob_of
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, knob_outcome
 from meshplan.spec.search import TIE

@@ -13,8 +13,9 @@ from meshplan import catalog
 from meshplan.config import Config
 from meshplan.mesh.layers import first_last_split
 from meshplan.pipeline.registry import get
+from meshplan.pipeline.split_backward_ac import OP_AC_RAISES, op_ac_raises
 from meshplan.pipeline.vshape import VShaped, reshard_defect
-from meshplan.plan_runtime import OP_AC_RAISES, dualpipev_ep_ac_reasons, op_ac_raises
+from meshplan.plan_runtime import dualpipev_ep_ac_reasons
 from meshplan.search.block_recompute import BLOCK_REFUSED, block_pointless
 from meshplan.search.columns import PIPELINE, RECOMPUTE, SEARCHED, SHARDING, ZERO12, Candidates
 from meshplan.spec.axes.registry import rules
@@ -223,7 +224,7 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("deepep", (t.moe_dispatcher == "deepep") & m.is_moe
          & (~np.isin(c.ep * c.etp, catalog.deepep_buffer()["group_sizes"])
             | ((t.framework == "torch") & ((c.ep < 2) | (c.etp > 1))))),
-        # op-level selective AC raised in W under torch 2.13's split backward (plan_runtime.OP_AC_RAISES)
+        # op-level selective AC raised in W under torch 2.13's split backward (pipeline.split_backward_ac.OP_AC_RAISES)
         ("split-op", op_ac_raises(t.framework, c.pp, _SPLITS[c.ps], c.rc == RECOMPUTE.index("op"))),
         # a block row whose largest chunk has one layer: n 1 is full (the search's memory pass and
         # exact planner reject the others that add nothing, search.block_recompute)

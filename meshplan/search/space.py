@@ -15,7 +15,8 @@ no ETP since c4b409a: :func:`~meshplan.spec.axes.ep.etp_values`) re-factor the d
 Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 
 - degrees: every factorization of the world over the registered dense axes (five today:
-  :func:`~meshplan.spec.axes.registry.search_axes`), tp <= ``max_tp``;
+  :func:`~meshplan.spec.axes.registry.search_axes`), tp <= ``max_tp``, and under an MoE model the
+  expert axes' degrees (:mod:`meshplan.search.space_degrees`);
 - sequence parallel: on exactly when tp > 1;
 - micro-batch sizes; recompute none, full, Megatron-LM's selective (not by default where
   torchtitan is the runtime, which has no option for it:
@@ -94,8 +95,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.mesh.layers import ends_short_split, first_last_sets
-from meshplan.spec.axes.base import divisors
-from meshplan.spec.axes.registry import AXES, search_axes
+from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.axes.tp import max_tp  # noqa: F401 (the search's name for it)
 # the search's names, importable from here (their homes: columns, reasons, candidate)
 from meshplan.search.columns import (FSDP_SHARDINGS, PIPELINE, RECOMPUTE, SEARCHED, SHARDING,  # noqa: F401
@@ -104,69 +104,9 @@ from meshplan.search.reasons import (CODE, OK, REASONS, first_reason, reason_tab
                                      reason_texts, zero1_refused)
 from meshplan.search.candidate import (accumulates, candidate_config, megatron_split,  # noqa: F401
                                        sharding_knobs, sharding_training, stage_split, titan_split)
+from meshplan.search.space_degrees import dense_meshes, expert_meshes
 from meshplan.search.space_recompute import layer_for_op, layer_rows, op_recompute_ok, searched_recompute
 from meshplan.search.block_recompute import block_searched, chunk_layers
-
-
-def _allowed(values, allowed) -> list[int]:
-    return [v for v in values if allowed is None or v in allowed]
-
-
-def dense_meshes(cfg: Config) -> np.ndarray:
-    """Every dense mesh with product = world, one column per registered dense search axis in
-    mesh order (``(pp, dp_replicate, dp_shard, cp, tp)``): array (k, axes). Each axis takes
-    the divisors of the world the outer axes leave (``[search]`` narrows them, its ``bound``
-    caps them), the remainder axis (dp_shard) what is left."""
-    o, world = cfg.search, cfg.cluster.world
-    cols = [c for n, c in search_axes() if not AXES[n].expert]
-    free = [k for k, c in enumerate(cols) if not c.remainder]
-    rest = [k for k, c in enumerate(cols) if c.remainder]
-    caps = [(c.bound(cfg) if c.bound is not None else None) or world for c in cols]  # a degree is at most the world
-    out: list[tuple[int, ...]] = []
-
-    def walk(j: int, left: int, row: list[int]) -> None:
-        if j == len(free):
-            if not rest and left != 1:  # no remainder axis: the free ones must make the world
-                return
-            full = list(row) + [left] * len(rest)  # one remainder axis takes what is left
-            degs = [0] * len(cols)
-            for k, v in zip(free + rest, full):
-                degs[k] = v
-            ok = all(_option_ok(o, cols[k], degs[k]) for k in rest)
-            if ok and all(degs[k] <= caps[k] for k in range(len(cols))):
-                out.append(tuple(degs))
-            return
-        col = cols[free[j]]
-        for v in _allowed(divisors(left), getattr(o, col.option, None)):
-            walk(j + 1, left // v, row + [v])
-
-    walk(0, world, [])
-    return np.array(out, dtype=np.int64).reshape(-1, len(cols))
-
-
-def _option_ok(o, col, v: int) -> bool:
-    allowed = getattr(o, col.option, None)
-    return allowed is None or v in allowed
-
-
-def _expert_meshes(cfg: Config, dense: np.ndarray) -> np.ndarray:
-    """Dense meshes x every registered expert axis's degrees: (k, dense + expert axes).
-    Dense models: each expert axis 1. An expert axis's values see the dense row and the expert
-    axes before it (etp sees ep: :func:`meshplan.spec.axes.ep.etp_values`)."""
-    dense_cols = [c.column for n, c in search_axes() if not AXES[n].expert]
-    experts = [c for n, c in search_axes() if AXES[n].expert]
-    if not cfg.model.is_moe:
-        return np.hstack([dense, np.ones((len(dense), len(experts)), dtype=np.int64)])
-    o, rows = cfg.search, []
-    for d in dense:
-        named = dict(zip(dense_cols, (int(x) for x in d)))
-        combos: list[tuple[int, ...]] = [()]
-        for k, col in enumerate(experts):
-            combos = [c + (v,) for c in combos for v in _allowed(
-                col.values(cfg, named | {e.column: x for e, x in zip(experts[:k], c)}) if col.values else [1],
-                getattr(o, col.option, None))]
-        rows += [(*d, *c) for c in combos]
-    return np.array(rows, dtype=np.int64).reshape(-1, len(dense_cols) + len(experts))
 
 
 def _vpp_ok(layers: int, pp: np.ndarray, v: int) -> np.ndarray:
@@ -217,7 +157,7 @@ def lookup_pairs(a: np.ndarray, b: np.ndarray, fn) -> np.ndarray:
 def enumerate_candidates(cfg: Config) -> Candidates:
     """The whole search space of ``cfg`` (module docstring), before any rule."""
     o, layers = cfg.search, cfg.model.layers
-    meshes = _expert_meshes(cfg, dense_meshes(cfg))
+    meshes = expert_meshes(cfg, dense_meshes(cfg))
     vpps = o.vpp if o.vpp is not None else list(range(1, o.max_vpp + 1))
     blocks = []
     for sh in (s for s in o.sharding if s != "zero2" or zero2_searched(cfg.training)):

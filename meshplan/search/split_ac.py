@@ -1,6 +1,6 @@
 """The search's candidates that run a split-backward (zero-bubble) pipeline schedule with
 activation checkpointing under ``training.framework = "torch"``: the rows plan, step and export
-warn about (:func:`meshplan.plan_runtime.split_backward_ac_warning`, the one source of the rule
+warn about (:func:`meshplan.pipeline.split_backward_ac.split_backward_ac_warning`, the one source of the rule
 and its words), over all candidates at once (:func:`split_ac_rows`), and the note the search
 prints once about them (:func:`split_ac_notes`).
 
@@ -16,12 +16,12 @@ pytorch PR #162511) and run the input and weight gradients as two autograd calls
 pipelining/schedules.py), and a checkpointed region recomputes on every distinct backward
 (pytorch PR #166536, which adds ``torch.utils.checkpoint.GraphExecGroup`` to recompute once; the
 pipelining schedules read do not enter one). What such a run is reported to do, torchtitan
-issue #773 (open) and pytorch issue #136766, is :data:`meshplan.plan_runtime.SPLIT_BACKWARD_AC`.
+issue #773 (open) and pytorch issue #136766, is :data:`meshplan.pipeline.split_backward_ac.SPLIT_BACKWARD_AC`.
 
 The search plans them where asked (``[search] pp_schedules``: zbv, dualpipev, zb_h1), less the rows with FSDP2 over a data axis and ``reshard_after_forward`` true, which it
 rejects whatever the recompute (rule ``v-reshard``: torch 2.13 gets their gradients wrong,
 :data:`meshplan.pipeline.vshape.RESHARD_DEFECT`) and the rows with recompute op, which it rejects
-(rule ``split-op``: torch 2.13 raised in W, :data:`meshplan.plan_runtime.OP_AC_RAISES`); the note does not
+(rule ``split-op``: torch 2.13 raised in W, :data:`meshplan.pipeline.split_backward_ac.OP_AC_RAISES`); the note does not
 count either, since they are not kept;
 under ``training.framework = "megatron"`` they are an error before the search
 (:func:`meshplan.pipeline.registry.check_searched`), so no row there is one.
@@ -32,14 +32,14 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.config import Config
-from meshplan.plan_runtime import SPLIT_BACKWARD_AC, split_backward_ac_warning
+from meshplan.pipeline.split_backward_ac import SPLIT_BACKWARD_AC, split_backward_ac_warning
 from meshplan.search.columns import PIPELINE, RECOMPUTE, Candidates
 from meshplan.search.reasons import CODE, OK
 
 
 def split_ac_table(training) -> np.ndarray:
     """(len(RECOMPUTE), len(PIPELINE)) bool: whether a candidate with pp > 1 at that recompute
-    (``rc``) and pipeline schedule (``ps``) takes :func:`~meshplan.plan_runtime.split_backward_ac_warning`
+    (``rc``) and pipeline schedule (``ps``) takes :func:`~meshplan.pipeline.split_backward_ac.split_backward_ac_warning`
     under ``training`` (framework torch, a schedule that splits the backward, a torchtitan
     activation_checkpoint.mode other than none: full, op, layer, and selective without flash
     attention). One call per cell, not per candidate.
@@ -65,7 +65,7 @@ def split_ac_notes(cfg: Config, c: Candidates, code: np.ndarray) -> list[str]:
     """One line where some candidate of ``c`` is such a row (:func:`split_ac_rows`) not rejected by
     rule ``v-reshard`` or ``split-op`` (``code``; those are not kept): how many, how many of them feasible (``code``
     :data:`~meshplan.search.reasons.OK`), that they are ranked by the schedule's step with W's forward
-    replays counted under eager full or layer AC (:func:`meshplan.plan_runtime.w_replay_words`) and the
+    replays counted under eager full or layer AC (:func:`meshplan.pipeline.split_backward_ac.w_replay_words`) and the
     rest of the reported slowdown not, the sources and the fix."""
     rows = split_ac_rows(cfg.training, c) & (code != CODE["v-reshard"]) & (code != CODE["split-op"])
     n = int(rows.sum())
