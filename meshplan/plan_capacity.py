@@ -11,7 +11,15 @@ this module replaces the row of the plan's own sharding and recompute by one com
 
 - the smallest tp x pp (tp inside a node, tp largest first at each tp*pp, the data axis taking
   the rest, every other axis, setting and option of the config as they are) whose timeline peak
-  fits, each split the plan's own rules accept;
+  fits, each split the plan's own rules accept; at a pp other than the plan's, 1F1B with one
+  chunk per stage and the layers split as a search candidate at that pp is
+  (:func:`~meshplan.mesh.layers.restart_split`: even where pp divides the layers, else
+  :func:`~meshplan.mesh.layers.balanced_split`, under framework megatron the cut of its
+  ``--decoder-first/last-pipeline-num-layers``, :func:`~meshplan.mesh.layers.first_last_split`;
+  a pp with no such split is not tried). Before newcomer trial nc62 the split was left unset
+  there, so every pp not dividing the layers was refused and skipped: DeepSeek-V3's 61 layers
+  (``examples/deepseek-v3_2048xh100_pp16-ep64-dp128.toml``) read "smallest split ... tp 1 x pp
+  16: this mesh" (tp*pp >= 16) where tp 2 x pp 2 fits;
 - this mesh's own peak and verdict (the plan's, not re-planned).
 
 Cost: one plan per split tried (about 30-60 ms at 64 ranks); splits the validity rules refuse
@@ -25,6 +33,7 @@ from dataclasses import replace
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
 from meshplan.memory.constraints import ESTIMATE
+from meshplan.mesh.layers import restart_split
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.spec.axes import canonical_names
 from meshplan.spec.mesh import Schedule
@@ -115,8 +124,9 @@ def _data(plan: Plan) -> str:
 
 def _split_config(plan: Plan, tp: int, pp: int, data: int):
     """``plan``'s config with tp, pp and the data axis set (the other axes kept); where pp
-    is not the plan's, the default 1F1B schedule, one chunk per stage and the default layer
-    split."""
+    is not the plan's, the default 1F1B schedule, one chunk per stage and the layer split a
+    search candidate at that pp has (module docstring; :class:`ConfigError` where there is none,
+    which :func:`smallest_split` skips)."""
     spec = plan.config.mesh
     assert spec is not None  # a plan's config has its mesh
     degrees = {"tp": tp, "pp": pp, _data(plan): data}
@@ -137,7 +147,11 @@ def _split_config(plan: Plan, tp: int, pp: int, data: int):
     update["sequence_parallel"] = spec.sequence_parallel if tp == plan.mesh.degree("tp") else tp > 1
     update["rank_to_gpu"] = None
     if pp != plan.mesh.degree("pp"):
-        update |= {"pp_schedule": Schedule.ONE_F_ONE_B, "virtual_stages": 1, "pp_layer_split": None}
+        layers, megatron = plan.config.model.layers, plan.config.training.framework == "megatron"
+        split = restart_split(layers, pp, 1, first_last=megatron)
+        if isinstance(split, str):
+            raise ConfigError("mesh.pp_layer_split", split)
+        update |= {"pp_schedule": Schedule.ONE_F_ONE_B, "virtual_stages": 1, "pp_layer_split": split}
     return replace(plan.config, mesh=spec.model_copy(update=update))
 
 

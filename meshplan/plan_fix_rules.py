@@ -41,6 +41,7 @@ from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.plan import Infeasible, build_plan
 from meshplan.spec.axes.tp import heads_reason
 from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.wording import expert_data_axis
 from meshplan.units import counted
 
 
@@ -95,7 +96,7 @@ def _etp_fix(cfg: Config, block: int, ep: int, etp: int) -> list[str]:
         if valid_reason(replace(cfg, mesh=spec)) is None:
             split = "the experts without tensor parallelism" if k == 1 else f"each expert's GEMMs split {k} ways"
             return [f"etp {k} ({_field(spec, 'etp')}: ep kept, {counted(e // ep, 'expert')} per ep rank, "
-                    f"efsdp {block // (ep * k)}; {split})"]
+                    f"{expert_data_axis(cfg.training.sharding)} {block // (ep * k)}; {split})"]
     return []
 
 
@@ -120,7 +121,9 @@ def experts_fix(plan: Infeasible) -> Optional[str]:
     """The ``fix:`` line of a mesh whose ep does not divide the model's routed experts, or whose
     ep * etp does not divide the dense block dp_shard * cp * tp (None otherwise): each ep > 1
     dividing the experts whose mesh :func:`valid_reason` accepts (so dividing the block too),
-    with the experts per ep rank and efsdp; the other divisors with the rule that refuses them;
+    with the experts per ep rank and efsdp (``edp`` under DDP and ZeRO-1/2, as the plan names that
+    group: :func:`~meshplan.spec.wording.expert_data_axis`; "efsdp" there before newcomer trial nc62
+    #3); the other divisors with the rule that refuses them;
     ep 1 (no expert parallelism) where no ep > 1 is accepted. Where the block refuses ep * etp and
     a smaller etp with ep kept fits (:func:`_etp_fix`), that etp first.
 
@@ -136,13 +139,14 @@ def experts_fix(plan: Infeasible) -> Optional[str]:
     block_bad = block % (ep * etp) != 0
     if e % ep == 0 and not block_bad:
         return None
+    edp = expert_data_axis(cfg.training.sharding)
     good: list[str] = _etp_fix(cfg, block, ep, etp) if block_bad else []
     bad: list[str] = []
     for k in (k for k in range(2, e + 1) if e % k == 0 and k != ep):
         spec = with_ep(cfg.mesh, k)
         why = valid_reason(replace(cfg, mesh=spec))
         if why is None:
-            good.append(f"ep {k} ({_field(spec)}: {counted(e // k, 'expert')} per ep rank, efsdp "
+            good.append(f"ep {k} ({_field(spec)}: {counted(e // k, 'expert')} per ep rank, {edp} "
                         f"{block // (k * etp)}; the dense mesh unchanged)")
         else:
             bad.append(f"ep {k}: {why}")

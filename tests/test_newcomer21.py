@@ -73,15 +73,17 @@ MIXTRAL_ARGS = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336
 
 def test_megatron_etp_default_fix_offers_etp_1_first_each_flag_once(tmp_path, capsys):
     # one node: dp 4 x tp 2 = 8 ranks, ep 8 x etp 2 = 16 does not divide them. Was:
-    # "--expert-model-parallel-size 2 (--expert-model-parallel-size 2: ...)", no etp 1.
+    # "--expert-model-parallel-size 2 (--expert-model-parallel-size 2: ...)", no etp 1. The expert
+    # data-parallel degree 8 / (ep x etp) is named edp: --use-distributed-optimizer is ZeRO-1, which
+    # the plan's groups call edp (newcomer trial nc62 #3; the line said efsdp).
     args = tmp_path / "mixtral.args"
     args.write_text(MIXTRAL_ARGS)
     assert _main("plan", args, "--cluster", "dgx-h100", "--nodes", 1) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "fix: ep must divide the 8 experts and ep * etp(2) must divide dp(4) * tp(2) = 8: "
-        "--expert-tensor-parallel-size 1 (ep kept, 1 expert per ep rank, efsdp 1; the experts without tensor "
-        "parallelism); or --expert-model-parallel-size 2 (4 experts per ep rank, efsdp 2; the dense mesh unchanged); "
-        "or --expert-model-parallel-size 4 (2 experts per ep rank, efsdp 1; the dense mesh unchanged)")
+        "--expert-tensor-parallel-size 1 (ep kept, 1 expert per ep rank, edp 1; the experts without tensor "
+        "parallelism); or --expert-model-parallel-size 2 (4 experts per ep rank, edp 2; the dense mesh unchanged); "
+        "or --expert-model-parallel-size 4 (2 experts per ep rank, edp 1; the dense mesh unchanged)")
     # the offered etp 1 passes every mesh rule: what is left is the memory verdict (47B on one node)
     args.write_text(MIXTRAL_ARGS.replace("size 8 ", "size 8 --expert-tensor-parallel-size 1 "))
     assert _main("plan", args, "--cluster", "dgx-h100", "--nodes", 1) == 1

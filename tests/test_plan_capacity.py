@@ -177,3 +177,50 @@ def test_own_row_says_fits_iff_the_verdict_does(path, opts):
     others = [r for r in plan.constraints.rows if r.kind == "capacity" and r.text.startswith("sharding")
               and r.text != text]
     assert all(ESTIMATE in r.text for r in others)
+
+
+def _deepseek_as(tmp_path: Path, name: str, names: str, shape: str, split: str) -> Plan:
+    """examples/deepseek-v3_2048xh100_pp16-ep64-dp128.toml (framework megatron, zero1, full recompute,
+    micro-batch 1, seq 4096, global batch 15360 on 256 dgx-h100) with its [mesh] names, shape and
+    pp_layer_split replaced, planned."""
+    text = (EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml").read_text()
+    text = text.replace('names = ["pp", "dp_shard", "ep"]', f"names = {names}\nsequence_parallel = true")
+    text = text.replace("shape = [16, 128, 64]", f"shape = {shape}")
+    text = re.sub(r"(?m)^pp_layer_split = .*$", f"pp_layer_split = {split}", text)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    plan = build_plan(load_any(path))
+    assert isinstance(plan, Plan)
+    return plan
+
+
+def test_smallest_split_plans_uneven_layer_splits(tmp_path):
+    """Newcomer trial nc62, finding 1: DeepSeek-V3's 61 layers divide by no pp of 2-16 but 1, so every
+    split at a pp other than the example's own 16 was planned with no pp_layer_split, refused (`61
+    layers do not divide into pp 2 stages`) and skipped: the row read `smallest split (tp inside a node)
+    that fits is tp 1 x pp 16: this mesh` and required tp*pp >= 16, though pp 4 alone fits (52.77 GiB of
+    71.20 usable at [15, 16, 16, 14], below). Each pp is now planned with the split a search candidate at that pp has, under framework
+    megatron Megatron-LM's --decoder-first/last-pipeline-num-layers cut (mesh.layers.first_last_split),
+    derived here by hand: every middle stage ceil(61 / pp) layers, the pp x ceil - 61 layers short taken
+    off the ends, the last one more where odd: pp 2: ceil 31, 1 short -> [31, 30]; pp 4: ceil 16,
+    3 short -> [15, 16, 16, 14].
+
+    The splits in order of tp x pp, tp largest first, etp kept at the example's 1 (every other axis as
+    the plan's, module docstring): 1 (dp 2048 does not divide the 15,360 sequences: refused); 2: tp 2 x
+    pp 1 (all 61 layers on each rank, not planned to fit), tp 1 x pp 2 (written below: 89.94 GiB > 71.20
+    usable); 4: tp 4 x pp 1, then tp 2 x pp 2, the first that fits. Each peak is the plan of the same
+    mesh written as a user writes it (etp 1 given: Megatron-LM's default etp is tp)."""
+    usable = 79.11 * 0.9  # GiB: the H100's 79.11 GiB less the example's 10% reserve
+    own = checked(build_plan(load_any(EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")))
+    text, requires = _own(own)
+    assert requires == "tp*pp >= 4"
+    assert "smallest split (tp inside a node) that fits is tp 2 x pp 2 (timeline peak " in text
+    assert text.endswith("this mesh (tp 1 x pp 16): timeline peak 20.47 GiB, fits")
+    tp2pp2 = _deepseek_as(tmp_path, "tp2pp2", '["pp", "dp_shard", "ep", "etp", "tp"]', "[2, 512, 64, 1, 2]", "[31, 30]")
+    assert tp2pp2.feasible and tp2pp2.timeline.peak.total_bytes / GiB < usable
+    assert smallest_split(own) == (2, 2, tp2pp2.timeline.peak.total_bytes)
+    assert f"tp 2 x pp 2 (timeline peak {tp2pp2.timeline.peak.total_bytes / GiB:.2f} GiB)" in text
+    tp1pp2 = _deepseek_as(tmp_path, "tp1pp2", '["pp", "dp_shard", "ep"]', "[2, 1024, 64]", "[31, 30]")
+    assert not tp1pp2.feasible and tp1pp2.timeline.peak.total_bytes / GiB > usable
+    pp4 = _deepseek_as(tmp_path, "pp4", '["pp", "dp_shard", "ep"]', "[4, 512, 64]", "[15, 16, 16, 14]")
+    assert pp4.feasible and pp4.timeline.peak.total_bytes / GiB < usable

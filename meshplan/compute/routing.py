@@ -114,7 +114,8 @@ class Routing:
         if self.capacity is None:
             load = (f"the expected load of uniform routing, T x top_k / ep = {self.copies / ep:g} rows per peer "
                     f"(the balanced case: a real router's counts vary per step)" if opts.hottest_share is None
-                    else f"the busiest ep rank receives {self.recv_rows} rows (hottest expert {self.hot_expert_rows})")
+                    else f"what the busiest ep rank receives, {self.recv_rows} rows (its hottest expert "
+                         f"{self.hot_expert_rows})")
             return (f"MoE dropless ({bal}): tokens per rank {t_is}{self.tokens}, copies T x top_k {top_k} = "
                     f"{self.copies}; all-to-alls sized by {load}; per-expert counts exchanged before each "
                     f"dispatch ({experts} int64 per rank, timed before it)")
