@@ -179,14 +179,16 @@ class StreamSim:
         exposed on its stream, the SM slowdown not inside an overlapped collective's exposure is
         contention. ``cond``: not shown where it did not wait (a wait on a collective already done)."""
         after = [a for a in after if a is not None] if after else []
-        ov = [o for o in overlap if o is not None] if overlap else []
-        t = self._task(COMPUTE, "compute", "compute", name, work=dur, deps=[self.last, *after])
+        last = self.last
+        t = self._task(COMPUTE, "compute", "compute", name, work=dur, deps=[last, *after] if after else (last,))
         task_of = self.task_of
-        t.last = task_of[id(self.last)] if self.last is not None else None
+        t.last = task_of[id(last)] if last is not None else None
         if after:
             t.after = tuple([task_of[id(a)] for a in after])
-        if ov:
-            t.overlap = t.hold = tuple([task_of[id(o)] for o in ov])
+        if overlap:
+            ov = [task_of[id(o)] for o in overlap if o is not None]
+            if ov:
+                t.overlap = t.hold = tuple(ov)
         t.cond = cond
         self.last = t.ev
         return t.ev
@@ -276,7 +278,7 @@ class StreamSim:
         tail of what ends after it, the exposure and the waits."""
         tot = run(self.tasks, MAX_SM_SHARE)
         exposed = dict(tot.exposed)
-        events = tuple(t.ev for t in self.tasks if t.emit)
+        events = tuple([t.ev for t in self.tasks if t.emit])
         end = self.last.end_s if self.last is not None else 0.0
         final = max(events, key=lambda e: e.end_s, default=None)
         tail = max(0.0, final.end_s - end) if final else 0.0
