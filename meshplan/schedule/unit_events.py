@@ -22,8 +22,8 @@ pass iteration 2.5x), the seed's 13.13 / 13.05 against 9.85 / 9.17 (1.38x).
 
 from __future__ import annotations
 
-import heapq
 import math
+from heapq import heapify, heappop, heappush
 from typing import Optional
 
 from meshplan.schedule.nic_fair import max_min_shares
@@ -52,24 +52,37 @@ class Task:
                  "offset", "floor", "end_floor", "cond", "last", "after", "pred", "host",
                  "need", "ready", "hold_need", "succ", "start_succ", "hold_succ", "start", "end", "done",
                  "left", "anchor", "rate", "finish", "emit", "sms", "extra")
+    overlap: tuple["Task", ...]
+    hold: tuple["Task", ...]
+    after: tuple["Task", ...]
+    owner: Optional["Task"]
+    last: Optional["Task"]
+    succ: Optional[list["Task"]]
+    start_succ: Optional[list["Task"]]
+    hold_succ: Optional[list["Task"]]
+    need: int
+    ready: float
+    left: float
+    anchor: float
+    rate: float
+    finish: float
+    sms: int
 
-    def __init__(self, i: int, kind: int, queue: str, ev, work: float = 0.0, demand: float = 0.0, sm: float = 0.0):
+    def __init__(self, i: int, kind: int, queue: str, ev, work: float = 0.0, demand: float = 0.0, sm: float = 0.0,
+                 deps: Optional[list] = None, pred: Optional["Task"] = None, floor: float = 0.0):
+        # what :func:`run` sets before it reads it (``need``, ``ready``; a started task's ``left``,
+        # ``anchor``, ``rate``, ``finish``, ``sms``) is left unset: 442,197 tasks per 405B search
         self.i, self.kind, self.queue, self.ev, self.work, self.demand, self.sm = i, kind, queue, ev, work, demand, sm
-        self.deps: list[Task] = []
-        self.overlap: tuple[Task, ...] = ()
-        self.hold: tuple[Task, ...] = ()
-        self.after: tuple[Task, ...] = ()
-        self.owner: Optional[Task] = None
-        self.last: Optional[Task] = None
-        self.pred: Optional[Task] = None
-        self.succ: Optional[list[Task]] = None
-        self.start_succ: Optional[list[Task]] = None
-        self.hold_succ: Optional[list[Task]] = None
-        self.offset = self.floor = self.ready = self.left = self.anchor = self.extra = 0.0
+        self.deps: list[Task] = [] if deps is None else deps
+        self.pred: Optional[Task] = pred
+        self.floor = floor
+        self.overlap = self.hold = self.after = ()
+        self.owner = self.last = self.succ = self.start_succ = self.hold_succ = None
+        self.offset = self.extra = 0.0
         self.end_floor = -math.inf
         self.cond = self.host = False
         self.start = self.end = self.done = math.nan
-        self.rate, self.finish, self.emit, self.sms, self.need, self.hold_need = 1.0, math.inf, True, -1, 0, 0
+        self.emit, self.hold_need = True, 0
 
 
 class Totals:
@@ -95,13 +108,15 @@ class _Run:
         self.comp: Optional[Task] = None  # the kernel running (its work not done), if any
         self.net_dirty = False
         self.sm_edges: list[int] = []  # indices of SM-holding collectives that started or ended this event
+        push = self.heap.append
         for t in tasks:
-            for d in t.deps:
+            deps = t.deps
+            for d in deps:
                 if d.succ is None:
                     d.succ = [t]
                 else:
                     d.succ.append(t)
-            t.need = len(t.deps)
+            t.need = len(deps)
             if t.overlap:
                 t.need += 1
                 for o in t.overlap:
@@ -124,13 +139,13 @@ class _Run:
                     t.owner.start_succ.append(t)
             t.ready = t.floor
             if t.need == 0:
-                self.heap.append((t.ready, t.i))
-        heapq.heapify(self.heap)
+                push((t.floor, t.i))
+        heapify(self.heap)
 
     def go(self) -> None:
         now = -math.inf
         heap, running, tasks = self.heap, self.running, self.tasks
-        inf = math.inf
+        inf, start, work_done, sm_edges = math.inf, self._start, self._work_done, self.sm_edges
         while True:
             t_end = inf
             for t in running:
@@ -141,26 +156,30 @@ class _Run:
                 break
             if t_end <= t_start:
                 now = t_end
-                for t in [t for t in running if t.finish <= now]:
-                    running.remove(t)
-                    self._work_done(t, now)
+                if len(running) == 1:  # the one running ends (its finish is t_end)
+                    work_done(running.pop(), now)
+                else:
+                    for t in [t for t in running if t.finish <= now]:
+                        running.remove(t)
+                        work_done(t, now)
             else:
                 now = t_start
                 while heap and heap[0][0] <= now:
-                    self._start(tasks[heapq.heappop(heap)[1]], now)
+                    start(tasks[heappop(heap)[1]], now)
             # rates move only where a collective's NIC share changed or the running kernel may be
             # slowed anew (its SM rate not set yet, or an SM-holding collective began or ended)
             comp = self.comp
-            if self.net_dirty or (comp is not None and (comp.sms < 0 or self.sm_edges)):
+            if self.net_dirty or (comp is not None and (comp.sms < 0 or sm_edges)):
                 self._rates(now)
-            elif self.sm_edges:
-                self.sm_edges.clear()
+            elif sm_edges:
+                sm_edges.clear()
         if any(math.isnan(t.end) for t in self.tasks):
             raise RuntimeError("unit task graph left tasks unrun (a dependency cycle)")
 
     # -- starts --------------------------------------------------------------------------------
     def _start(self, t: Task, now: float) -> None:
-        t.start = start = t.ready if t.ready >= now or now == -math.inf else now
+        ready = t.ready
+        t.start = start = ready if ready >= now or now == -math.inf else now
         if t.start_succ:
             for s in t.start_succ:
                 self._started(s, t, start)
@@ -206,7 +225,7 @@ class _Run:
     def _need(self, s: Task) -> None:
         s.need -= 1
         if s.need == 0:
-            heapq.heappush(self.heap, (s.ready, s.i))
+            heappush(self.heap, (s.ready, s.i))
 
     def _expose_start(self, t: Task) -> None:
         """A kernel's start: the compute stream waited from its free time for the first latest of
@@ -241,9 +260,12 @@ class _Run:
                     _reanchor(t, now, r)
         comp = self.comp
         if comp is not None and (comp.sms < 0 or (self.sm_edges and min(self.sm_edges) < comp.i)):
-            held = sum(t.sm for t in self.running if t.sm > 0 and t.i < comp.i)
+            ci = comp.i
+            rate = 1.0 - min(self.cap, sum([t.sm for t in self.running if t.sm > 0 and t.i < ci]))
             comp.sms = 1
-            _reanchor(comp, now, 1.0 - min(self.cap, held))
+            # anchored now at this rate (it started now, not slowed): _reanchor would leave it as it is
+            if not (rate == comp.rate and comp.anchor == now and now > -math.inf):
+                _reanchor(comp, now, rate)
         self.sm_edges.clear()
 
     # -- ends ----------------------------------------------------------------------------------
@@ -260,19 +282,22 @@ class _Run:
 
     def _end(self, t: Task, now: float) -> None:
         t.end = now
-        if t.kind == COMPUTE:
+        kind = t.kind
+        if kind == COMPUTE:
             self._expose_end(t)
-        elif t.kind == FIXED and not t.end > t.start and (t.cond or t.host):
+        elif kind == FIXED and not now > t.start and (t.cond or t.host):
             t.emit = False
-        elif t.kind == FIXED and t.host:
-            self.tot.host_wait += t.end - t.start
-        if t.succ:
-            for s in t.succ:
+        elif kind == FIXED and t.host:
+            self.tot.host_wait += now - t.start
+        succ = t.succ
+        if succ:
+            heap = self.heap
+            for s in succ:
                 if now > s.ready:
                     s.ready = now
                 s.need -= 1
                 if s.need == 0:
-                    heapq.heappush(self.heap, (s.ready, s.i))
+                    heappush(heap, (s.ready, s.i))
         if t.hold_succ:
             for h in t.hold_succ:
                 h.hold_need -= 1
@@ -309,7 +334,7 @@ def run(tasks: list, cap: float) -> Totals:
     r = _Run(tasks, cap)
     r.go()
     for t in tasks:  # a task not shown (``emit`` False) keeps its times too: a builder may hold its event
-        object.__setattr__(t.ev, "start_s", t.start)
-        object.__setattr__(t.ev, "end_s", t.end)
+        d = t.ev.__dict__  # the frozen Event's fields, set as object.__setattr__ sets them
+        d["start_s"], d["end_s"] = t.start, t.end
         t.succ = t.start_succ = t.hold_succ = None  # no cycles left: the tasks go with their unit
     return r.tot

@@ -108,15 +108,6 @@ class UnitSim:
     early: Optional[tuple] = field(default=(), compare=False, repr=False)
 
 
-def _event(stream: str, name: str, args: dict) -> Event:
-    """``Event(0, stream, name, nan, nan, args)``, its fields set as the frozen dataclass's
-    ``__init__`` sets them (no ``__post_init__``) without its six ``object.__setattr__`` calls: one
-    per task, ~10^6 per 405B search (issue 11 item 7)."""
-    ev = _new(Event)
-    ev.__dict__.update(stage=0, stream=stream, name=name, start_s=math.nan, end_s=math.nan, args=args)
-    return ev
-
-
 _new = object.__new__
 
 
@@ -137,6 +128,7 @@ class StreamSim:
         self.floor: dict[str, float] = {}  # queue -> its free time before its first task (default 0)
         self.last: Optional[Event] = None  # the compute stream's last kernel (or host issue, or wait)
         self.memo: dict = {}  # per-Cost sums of this unit (its layers share Cost objects)
+        self.keys: dict = {}  # (kind, phase, op, group, label) -> what comm reads of the tables (_comm_key)
         self.reduced: Optional[Event] = None  # the last piece of the gradient reduction issued
         self.rs_prev: Optional[Event] = None  # the last FSDP reduce-scatter issued (Overlap.fsdp_rs_queue)
         self.host_s = 0.0  # the host's issue clock (host_pace), from the unit's start
@@ -158,20 +150,26 @@ class StreamSim:
     def _task(self, kind: int, queue: str, stream: str, name: str, args=None, work: float = 0.0, deps=(),
               demand: float = 0.0, sm: float = 0.0) -> Task:
         """A task on ``queue`` (its event on ``stream``) after ``deps`` (events) and the queue's last task."""
-        ev = _event(stream, name, dict(args) if args else {})
-        tasks, task_of = self.tasks, self.task_of
-        t = Task(len(tasks), kind, queue, ev, work, demand, sm)
-        tasks.append(t)
-        task_of[id(ev)] = t
-        t.deps = own = [task_of[id(a)] for a in deps if a is not None]
-        pred = t.pred = self.queue_last.get(queue)
+        # the Event(0, stream, name, nan, nan, args), its fields set as the frozen dataclass's __init__
+        # sets them (no __post_init__) without its six object.__setattr__ calls: one per task, ~10^6 per
+        # 405B search (issue 11 item 7); ``args``: comm's own new dict, the event's
+        ev = _new(Event)
+        ev.__dict__.update(stage=0, stream=stream, name=name, start_s=math.nan, end_s=math.nan,
+                           args={} if args is None else args)
+        task_of = self.task_of
+        own = [task_of[id(a)] for a in deps if a is not None]
+        pred = self.queue_last.get(queue)
         if pred is not None:  # its queue is free when the task before it ends (before 0: a window UNSHARD's)
             own.append(pred)
-            t.floor = -math.inf
-        elif self.floor:
-            t.floor = self.floor.get(queue, 0.0)
+            floor = -math.inf
+        else:
+            floor = self.floor.get(queue, 0.0) if self.floor else 0.0
         if self.pinned and queue in self.pinned:
             own += self.pinned.pop(queue)
+        tasks = self.tasks
+        t = Task(len(tasks), kind, queue, ev, work, demand, sm, own, pred, floor)
+        tasks.append(t)
+        task_of[id(ev)] = t
         self.queue_last[queue] = t
         return t
 
@@ -181,14 +179,16 @@ class StreamSim:
         exposed on its stream, the SM slowdown not inside an overlapped collective's exposure is
         contention. ``cond``: not shown where it did not wait (a wait on a collective already done)."""
         after = [a for a in after if a is not None] if after else []
-        ov = [o for o in overlap if o is not None] if overlap else []
-        t = self._task(COMPUTE, "compute", "compute", name, work=dur, deps=[self.last, *after])
+        last = self.last
+        t = self._task(COMPUTE, "compute", "compute", name, work=dur, deps=[last, *after] if after else (last,))
         task_of = self.task_of
-        t.last = task_of[id(self.last)] if self.last is not None else None
+        t.last = task_of[id(last)] if last is not None else None
         if after:
             t.after = tuple([task_of[id(a)] for a in after])
-        if ov:
-            t.overlap = t.hold = tuple([task_of[id(o)] for o in ov])
+        if overlap:
+            ov = [task_of[id(o)] for o in overlap if o is not None]
+            if ov:
+                t.overlap = t.hold = tuple(ov)
         t.cond = cond
         self.last = t.ev
         return t.ev
@@ -225,19 +225,27 @@ class StreamSim:
         on, when not that one (a per-step reduction's piece over tp or pp, queued as "dp"). A
         network collective (its NIC share, :meth:`~meshplan.schedule.comm_times.CommTimes.nic_share`,
         above 0 and ``Overlap.nic_sharing``) runs at its max-min fair share of the NIC."""
-        t = self.c.get(kind, phase, op, group) if seconds is None else seconds
+        got = self.keys.get((kind, phase, op, group, label))
+        if got is None:
+            got = self.keys[(kind, phase, op, group, label)] = self._comm_key(kind, phase, op, group, label)
+        t = got[0] if seconds is None else seconds
         if not op or t <= 0:
             return None
+        task = self._task(got[1], got[2], got[3], name, {"kind": kind, "group": group, "phase": phase, "op": op},
+                          work=t, deps=(self.last,) if after is None else after, demand=got[4], sm=got[5])
+        return task.ev
+
+    def _comm_key(self, kind: str, phase: str, op: str, group: str, label: Optional[str]) -> tuple:
+        """(table seconds, task kind, queue, shown stream, NIC demand, SM share) of :meth:`comm`'s
+        collective of this key: the same for every call of the unit (read once per key)."""
+        t = self.c.get(kind, phase, op, group)
         stream = ("efsdp" if group == "expert" else "fsdp") if kind == "shard" else \
             "dp_replicate" if kind == "replica" else kind
         queue = "shard reduce-scatter" if kind == "shard" and op == "reduce-scatter" and self.ov.fsdp_rs_queue \
             else stream
         g = self.c.nic_share(kind, phase, op, group, label or stream) if self.ov.nic_sharing else 0.0
-        task = self._task(NET if g > 0 else COMM, queue, label or stream, name,
-                          {"kind": kind, "group": group, "phase": phase, "op": op}, work=t,
-                          deps=(self.last,) if after is None else after,
-                          demand=g if g > 0 else 0.0, sm=self.c.sm_share(kind, phase, op, group))
-        return task.ev
+        return (t, NET if g > 0 else COMM, queue, label or stream, g if g > 0 else 0.0,
+                self.c.sm_share(kind, phase, op, group))
 
     def fused(self, name: str, gemm_s: float, collective_s: float, n: int, reduce_scatter: bool) -> Event:
         """A fused all-gather + GEMM (``reduce_scatter`` False) or GEMM + reduce-scatter of ``n``
@@ -270,7 +278,7 @@ class StreamSim:
         tail of what ends after it, the exposure and the waits."""
         tot = run(self.tasks, MAX_SM_SHARE)
         exposed = dict(tot.exposed)
-        events = tuple(t.ev for t in self.tasks if t.emit)
+        events = tuple([t.ev for t in self.tasks if t.emit])
         end = self.last.end_s if self.last is not None else 0.0
         final = max(events, key=lambda e: e.end_s, default=None)
         tail = max(0.0, final.end_s - end) if final else 0.0
