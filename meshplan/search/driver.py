@@ -85,6 +85,7 @@ from meshplan.search.estimate import Estimates, estimate, refine
 from meshplan.search.exact import PLAN_ONLY, Exact, Planner, Pool
 from meshplan.search.host_memory import host_over
 from meshplan.search.explain import SPLIT_PARTS, Explanation, explain
+from meshplan.search.gc_policy import search_gc
 from meshplan.search.memory import Tables
 from meshplan.search.rank import decide
 from meshplan.search.tie_key import simplicity
@@ -184,6 +185,12 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
                                            f"{cfg.cluster.world} GPUs: {over_bound('search world', cfg.cluster.world)}; "
                                            "plan a chosen mesh with `meshplan plan`")
     check_searched(cfg.search.pp_schedules, cfg.training.framework)
+    with search_gc():
+        return _search(cfg, progress, workers)
+
+
+def _search(cfg: Config, progress: Optional[Progress], workers: Optional[int]) -> SearchResult:
+    """:func:`search`'s body, under :func:`~meshplan.search.gc_policy.search_gc`."""
     t0 = time.perf_counter()
     clock = _Clock()
     o = cfg.search
