@@ -149,7 +149,10 @@ def test_405b_interleaved_bounds_within_1_5_percent_of_the_step():
     network collective's 16 of the H100's 132 SMs too, row_shares.nccl_net_channels), which slows the
     compute beside the collectives and only adds time: the tightness is checked against the unshared
     step less its contention (the first candidate's bound 10.538 s against 10.702 s with it, 1.5%
-    below), the bound against the whole step."""
+    below), the bound against the whole step. Since perf10 the tail of a stage's last unit counts the NIC its
+    reduce-scatters and HSDP all-reduces share (step_end_bound.reduce_flow_shop_s, nic_bounds.two_queues_s),
+    so the bound may pass the unshared step, never the step: the second candidate's 8.9972 s against 8.6740 s
+    unshared and 9.1102 s exact (0.9876 of it); the first's 8.7371 s against 8.8433 s (0.9880)."""
     cfg = load_config(EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", require_mesh=False)
     c = enumerate_candidates(cfg)
     base = dict(tp=8, mb=1, vpp=2, rf=0, us=1, sh=SHARDING.index("hsdp"))
@@ -169,7 +172,7 @@ def test_405b_interleaved_bounds_within_1_5_percent_of_the_step():
                           reports=False)
         free = step_time(plan, Overlap(nic_sharing=False))
         exact, unshared = step_time(plan, Overlap()).step_s, free.step_s
-        assert 0.985 * (unshared - free.contention_s()) <= est.step_lo[i] <= unshared <= exact, (
+        assert 0.985 * (unshared - free.contention_s()) <= est.step_lo[i] <= exact and unshared <= exact, (
             c.label(int(i)), est.step_lo[i], exact)
 
 

@@ -172,8 +172,8 @@ def _fsdp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndar
     zero3 or hsdp): a dense layer unit's all-gather (``fsdp_ag``) and reduce-scatter
     (``fsdp_rs``), the ``[norm, output]`` unit's (``head_rs``, ``head_ag``), HSDP's all-reduce
     over dp_replicate (``hsdp_ar``) and the routed experts' unit's all-gather over efsdp
-    (``efsdp_ag``); ``fsdp_ag_nic``, ``fsdp_rs_nic``, ``head_rs_nic``: the NIC seconds of the first three
-    (:func:`~meshplan.search.time_tables.coll_nic_s`)."""
+    (``efsdp_ag``); ``fsdp_ag_nic``, ``fsdp_rs_nic``, ``head_rs_nic``, ``hsdp_ar_nic``: the NIC seconds of
+    the first three and of ``hsdp_ar`` (:func:`~meshplan.search.time_tables.coll_nic_s`)."""
     m, t = cfg.model, cfg.training
     cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.fsdp_reduce_dtype)  # the table's FSDP dtypes
     on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
@@ -206,8 +206,9 @@ def _fsdp_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndar
         z3 = (c.sh == SHARDING.index("zero3")) & (hpz | bool(zeropp_keys_set(t)))
         for k in ("fsdp_ag", "fsdp_rs", "head_rs", "head_ag", "fsdp_ag_nic", "fsdp_rs_nic", "head_rs_nic"):
             out[k] = np.where(z3, 0.0, out[k])
-    out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
-                              coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
+    hsdp = c.sh == SHARDING.index("hsdp")
+    out["hsdp_ar"] = np.where(hsdp, coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
+    out["hsdp_ar_nic"] = np.where(hsdp, coll_nic_s(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
     # the routed experts' own FSDP unit, all-gathered over efsdp (expert mesh (efsdp, ep, etp):
     # efsdp ranks ep * etp apart) when a MoE layer's forward finds it sharded; under ep 1 (efsdp
     # fsdp's group) they ride in the layer's all-gather (mesh.tpsplit.experts_apart): none apart

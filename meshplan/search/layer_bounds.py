@@ -1,6 +1,6 @@
 """The unit bounds of each stage, per candidate (:func:`unit_bounds`: forward and backward units,
 their FSDP gathers and reductions, the embedding and head, p2p, tail and stage end), raised to
-eager DTensor TP's host pace (:func:`host_pace_floor`), on one layer's chain
+eager DTensor TP's host pace (:func:`~meshplan.search.host_pace.host_pace_floor`), on one layer's chain
 (:mod:`meshplan.search.layer_chains`). The module docstring of :mod:`meshplan.search.timing`
 states what they keep.
 """
@@ -12,21 +12,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from meshplan.config import Config
-from meshplan.schedule import workload  # its dtensor_host_s through the module: one home, one override
 from meshplan.search.comm_bounds import comm_times, fsdp_copies
 from meshplan.search.gather_passes import (deepspeed_backward_shares, expert_gathers, head_regathers, head_unit_apart,
                                            gathering_passes)
-from meshplan.search.memory import Stages, split
+from meshplan.search.host_pace import host_pace_floor  # its home before: workload's docstring names it here
+from meshplan.search.memory import Stages
 from meshplan.search.nic_bounds import two_queues_s
 from meshplan.search.sm_bound import SmTerms, backward_sm_bound, forward_sm_bound, gather_chain, sm_terms
 from meshplan.search.columns import MIXED, bound_recompute
 # chains: the tests import it from here too, where it lived before layer_chains
 from meshplan.search.layer_chains import chains, layer_ops, stage_chains  # noqa: F401
 from meshplan.search.layer_replays import extra_replays, layer_rows, more_replays, replayed_layers
-from meshplan.search.space import RECOMPUTE, Candidates, accumulates
+from meshplan.search.space import Candidates, accumulates
 from meshplan.search.step_end_bound import final_reduce_tail, fsdp2_rs_wait, reduce_flow_shop_s, stage_end_bound
 from meshplan.search.time_tables import TimeTables
-from meshplan.spec.axes.base import Dim
 
 
 def _col(a) -> np.ndarray:
@@ -71,6 +70,7 @@ class _Terms:
     waits: np.ndarray
     rs_p: np.ndarray
     ar_p: np.ndarray
+    red_nic: tuple  # (rs_p's, ar_p's) NIC seconds: the two queues share the NIC (step_end_bound.reduce_flow_shop_s)
     rs_wait: np.ndarray  # FSDP2 copy-ins wait for the previous reduce-scatter (bool; step_end_bound.fsdp2_rs_wait)
     ag_nic: np.ndarray
     rs_nic: np.ndarray
@@ -190,7 +190,8 @@ def _terms(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dict, cp:
                   co=co, ci=ci, co_p=_col(np.where(lazy, cp["out"], 0.0)), ci_p=_col(np.where(lazy, cp["in"], 0.0)),
                   e_ci=moe_n * _col(np.where(lazy, 0.0, cp["e_in"])), e_ci_p=moe_n * _col(np.where(lazy, cp["e_in"], 0.0)),
                   hb1=hb1, head_rs=_col(cm["head_rs"]), waits=waits, rs_p=_col(cm["fsdp_rs"]),
-                  ar_p=_col(cm["hsdp_ar"]), rs_wait=_col(fsdp2_rs_wait(cfg, c)),
+                  ar_p=_col(cm["hsdp_ar"]), red_nic=(_col(cm["fsdp_rs_nic"]), _col(cm["hsdp_ar_nic"])),
+                  rs_wait=_col(fsdp2_rs_wait(cfg, c)),
                   ag_nic=_col(np.where(lazy, 0.0, cm["fsdp_ag_nic"])) * keep,
                   rs_nic=_col(np.where(lazy, 0.0, cm["fsdp_rs_nic"])), head_rs_nic=_col(cm["head_rs_nic"]),
                   sm=sm_terms(cfg, c, cm, od, cp["out"], lazy, fsdp2_rs_wait(cfg, c)))
@@ -210,7 +211,8 @@ def _cores(t: _Terms, n, plus=0) -> dict[str, np.ndarray]:
                                                   _fsdp_backward(t, n) + cb_c - t.hb1),
                                        backward_sm_bound(t.sm, t.ag_b, t.rs, t.co * t.keep, t.ci, n)),
             "b_red": has * (n * t.ci_p + t.e_ci_p),
-            "b_wait": np.maximum(has * (n * t.ci_p + t.e_ci_p), t.waits * reduce_flow_shop_s(n, t.ci_p, t.rs_p, t.ar_p, t.rs_wait))}
+            "b_wait": np.maximum(has * (n * t.ci_p + t.e_ci_p), t.waits * reduce_flow_shop_s(n, t.ci_p, t.rs_p, t.ar_p, t.rs_wait,
+                                                                                         *t.red_nic))}
 
 
 def _fsdp_backward(t: _Terms, n) -> np.ndarray:
@@ -306,7 +308,8 @@ def _tail(cfg: Config, tt: TimeTables, st: Stages, s: dict, cm: dict, cp: dict, 
     out["tail"] = np.maximum(np.maximum(one * out["head_b"] + has0 * (t.ag_b + t.cb) + red * n0 / np.maximum(st.n, 1),
                                         one * out["head_b"] + out["b_core0"] + has0 * fsdp_red) - b0 - root_in, 0.0)
     # pp > 1: the unit that ends the stage's order (chunk 0's) reduces its layers after its end
-    out["tail"] = np.maximum(out["tail"], has0 * t.waits * final_reduce_tail(n0, t.ci_p, t.rs_p, t.ar_p, t.rs_wait))
+    out["tail"] = np.maximum(out["tail"], has0 * t.waits * final_reduce_tail(n0, t.ci_p, t.rs_p, t.ar_p, t.rs_wait,
+                                                                                              *t.red_nic))
 
 
 def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> dict[str, np.ndarray]:
@@ -354,52 +357,3 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
         out["more_replays"] = more_replays(out, more, extra_replays(c, st.n, n, n_long), n, n_long, c.vpp)
     _tail(cfg, tt, st, s, cm, cp, t, out)
     return out
-
-
-def host_pace_floor(cfg: Config, c: Candidates, st: Stages, out: dict, roots_s: np.ndarray) -> None:
-    """Raise ``out``'s chunk cores (``f_core``, ``b_core``, their ``_hi`` and ``0`` forms, and
-    per-layer AC's ``_x`` forms, a chunk with one replay more: :mod:`~meshplan.search.layer_replays`; in
-    place) to eager DTensor TP's host pace (:func:`meshplan.schedule.workload.dtensor_host_s`
-    per candidate's tp): a unit's layers cannot end before the host has issued them
-    (:meth:`meshplan.schedule.unit_sim.StreamSim.host_pace`, its clock from the unit's start).
-    A forward unit of n layers lasts at least n x the forward pace, then its head; what runs
-    before or beside its layers may run under the host's issue: the embedding, the roots'
-    copy-outs (``roots_s``, per stage). A backward unit: n x the backward pace (plus the
-    forward's under full recompute, which replays every layer, and on per-layer AC's replayed
-    layers, :func:`replayed_layers`), the head's backward under it,
-    the embedding's gradient after. The extras step_lower_bound adds to a core (a gathering
-    pass's ``f_extra``, ``b_extra``, ``b_extra_head``; a last gradient unit's ``b_red``,
-    ``b_wait``) may run under the host's issue too: each is lowered by its core's raise (the
-    larger of the short and the long chunk's for the single-length extras, and of a chunk's with
-    one replay more), so a core and its
-    extra together are at most the larger of the unit's device bound and its pace: the bound
-    stays a lower bound."""
-    tp = split(c, Dim.HEADS)
-    hf, hb = np.zeros(len(c)), np.zeros(len(c))
-    for t in np.unique(tp).tolist():
-        hf[tp == t], hb[tp == t] = workload.dtensor_host_s(cfg, int(t))
-    if not hf.any():
-        return
-    hb = hb + hf * (c.rc == RECOMPUTE.index("full"))
-    col = lambda a: np.asarray(a)[:, None]
-    raise_f, raise_b = {}, {}
-    for key, n, plus in (("", st.n_chunk, 0), ("_hi", st.n_chunk_hi, 0), ("_x", st.n_chunk, 1),
-                         ("_hi_x", st.n_chunk_hi, 1)):
-        if "f_core" + key not in out:  # no per-layer AC row: no ``_x`` cores
-            continue
-        fk, bk, has = "f_core" + key, "b_core" + key, n >= 1
-        f = np.maximum(out[fk], has * (n * col(hf) - out["emb_f"] - roots_s))
-        # per-layer AC: its replayed layers issue their forward again too
-        b = np.maximum(out[bk], has * (n * col(hb) + replayed_layers(c, n, plus) * col(hf) - out["head_b"]))
-        raise_f[key], raise_b[key] = f - out[fk], b - out[bk]
-        out[fk], out[bk] = f, b
-    for key in ("", "_hi"):  # a chunk's last gradient unit, whichever its replays
-        for extra in ("b_red", "b_wait"):
-            out[extra + key] = np.maximum(out[extra + key] - np.maximum(raise_b[key], raise_b.get(key + "_x", 0.0)), 0.0)
-    rf, rb = (np.maximum.reduce(list(r.values())) for r in (raise_f, raise_b))
-    out["f_extra"] = np.maximum(out["f_extra"] - rf, 0.0)
-    out["b_extra"] = np.maximum(out["b_extra"] - rb, 0.0)
-    out["b_extra_head"] = np.maximum(out["b_extra_head"] - rb, 0.0)
-    long0 = (out["n_long"] > 0) & (st.k > 0)
-    out["f_core0"] = np.where(long0, out["f_core_hi"], out["f_core"])
-    out["b_core0"] = np.where(long0, out["b_core_hi"], out["b_core"])

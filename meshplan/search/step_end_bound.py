@@ -17,6 +17,7 @@ from meshplan.mesh.tpsplit import experts_apart_degrees
 from meshplan.schedule.optimizer_step import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.schedule.step_end import param_gather_exposed_s
 from meshplan.search.memory import Stages, fp8_param_rows
+from meshplan.search.nic_bounds import two_queues_s
 from meshplan.search.space import SHARDING, ZERO12, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
 from meshplan.units import dtype_bytes
@@ -107,7 +108,8 @@ def fsdp2_rs_wait(cfg: Config, c: Candidates) -> np.ndarray:
     return (c.sh != SHARDING.index("zero3")) | (t.searched_zero3_engine == "fsdp2")
 
 
-def reduce_flow_shop_s(n, copy_in_s, rs_s: np.ndarray, ar_s: np.ndarray, rs_wait=False) -> np.ndarray:
+def reduce_flow_shop_s(n, copy_in_s, rs_s: np.ndarray, ar_s: np.ndarray, rs_wait=False, rs_nic=0.0,
+                       ar_nic=0.0) -> np.ndarray:
     """Seconds torch's ``perform_reduce_grad`` takes at least over ``n`` layers of one gradient unit
     (:func:`meshplan.schedule.grad_reduce.perform_reduce_grad`), from the unit's last backward: per
     layer a copy-in (compute stream, ``copy_in_s``), then its reduce-scatter (fsdp stream, ``rs_s``),
@@ -129,19 +131,46 @@ def reduce_flow_shop_s(n, copy_in_s, rs_s: np.ndarray, ar_s: np.ndarray, rs_wait
     213.0
     >>> round(float(reduce_flow_shop_s(np.array(7), 1e-3, 30e-3, 2e-3, rs_wait=True)) * 1e3, 6)
     219.0
+
+    **The NIC both queues share** (``rs_nic``, ``ar_nic``: one reduce-scatter's and one all-reduce's
+    NIC seconds, :func:`~meshplan.search.time_tables.coll_nic_s`; 0 off the network). The flow shop
+    takes the two collective streams as machines that run at their full speed side by side; the
+    rank timeline runs them as network collectives sharing one NIC (:meth:`meshplan.schedule.unit_sim.StreamSim.comm`:
+    each at ``min(1, share / demand)`` of its speed, the max-min fair shares of the NIC). Every
+    reduce-scatter starts after the first copy-in (its own copy-in, the first on the compute stream
+    after the unit's last backward), and the ``n`` reduce-scatters and ``n`` all-reduces are two
+    serial queues: from the first copy-in's end they take at least
+    :func:`~meshplan.search.nic_bounds.two_queues_s` (the proof there: any other network collective
+    running beside them only lowers their rates). So the reductions end no earlier than
+    ``copy_in + two_queues_s(n x rs, n x ar)`` after the unit's compute, the larger of the two floors
+    is taken. HSDP over dp_replicate 64 with FSDP over cp 4 across nodes (the 405B example's
+    ``pp 8 x dp_replicate 64 x cp 4 x tp 8`` shape): both nearly all NIC, so together they run at
+    about half speed each, where the flow shop had them at full speed side by side.
+
+    Seven layers, copy-in 1 ms, reduce-scatter 30 ms (NIC 28 ms), all-reduce 20 ms (NIC 19 ms): the
+    flow shop 1 + 30 + 20 + 6 x 30 = 231 ms. Sharing the NIC (demands 28 / 30 and 19 / 20, half the NIC
+    each) they run at r_a = 15 / 28 and r_b = 10 / 19 of their speed while both run; k_b = (r_a + r_b - 1)
+    / r_b = 0.117857 (k_a = 0.115789 over 210 ms saves more), so the two queues take at least 210 + 140 -
+    0.117857 x 140 = 333.5 ms (above the NIC's own 7 x (28 + 19) = 329 ms), plus the copy-in: 334.5 ms:
+
+    >>> round(float(reduce_flow_shop_s(np.array(7), 1e-3, 30e-3, 20e-3, False, 28e-3, 19e-3)) * 1e3, 2)
+    334.5
     """
     first = np.where(rs_wait, copy_in_s + rs_s, np.maximum(copy_in_s, rs_s))
     longest = np.maximum(first, ar_s)
-    return (n >= 1) * (copy_in_s + rs_s + ar_s + np.maximum(n - 1, 0) * longest)
+    shop = copy_in_s + rs_s + ar_s + np.maximum(n - 1, 0) * longest
+    if np.any(np.asarray(rs_nic) > 0) and np.any(np.asarray(ar_nic) > 0):  # both on the network somewhere
+        shop = np.maximum(shop, copy_in_s + two_queues_s([(n, rs_s, rs_nic)], [(n, ar_s, ar_nic)]))
+    return (n >= 1) * shop
 
 
 def final_reduce_tail(n: np.ndarray, copy_in_s: np.ndarray, rs_s: np.ndarray, ar_s: np.ndarray,
-                      rs_wait=False) -> np.ndarray:
+                      rs_wait=False, rs_nic=0.0, ar_nic=0.0) -> np.ndarray:
     """Seconds the reductions of the unit that ends a stage's order (pp > 1: its chunk's last
     gradient unit) run past its compute at least: :func:`reduce_flow_shop_s` less its ``n``
     layers' copy-ins (the step bound counts those in the stage's busy time, ``b_red``), the
     last layer's included; the embedding's and the head's own units only add to it. Arrays
-    broadcast; 0 where ``n`` is 0; ``rs_wait`` as :func:`reduce_flow_shop_s`'s.
+    broadcast; 0 where ``n`` is 0; ``rs_wait``, ``rs_nic``, ``ar_nic`` as :func:`reduce_flow_shop_s`'s.
 
     Seven layers, copy-in 1 ms, reduce-scatter 30 ms, all-reduce 2 ms: 213 ms less the 7 copy-ins
     = 206 ms (= 30 + 2 + 6 x (30 - 1)):
@@ -149,4 +178,4 @@ def final_reduce_tail(n: np.ndarray, copy_in_s: np.ndarray, rs_s: np.ndarray, ar
     >>> round(float(final_reduce_tail(np.array(7), 1e-3, 30e-3, 2e-3)) * 1e3, 6)
     206.0
     """
-    return reduce_flow_shop_s(n, copy_in_s, rs_s, ar_s, rs_wait) - n * copy_in_s
+    return reduce_flow_shop_s(n, copy_in_s, rs_s, ar_s, rs_wait, rs_nic, ar_nic) - n * copy_in_s

@@ -66,7 +66,8 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   gradient reduce-scatter issued after the last unit's first layer) and ``drain_k +`` stage
   0's end; with pp > 1 the last unit's tail is at least its chunk's FSDP reductions after it
   (torch's ``perform_reduce_grad``: per layer copy-in, reduce-scatter, HSDP all-reduce on three
-  serial streams, :func:`~meshplan.search.step_end_bound.final_reduce_tail`);
+  serial streams, the last two sharing the NIC where both cross the network,
+  :func:`~meshplan.search.step_end_bound.final_reduce_tail`);
 - the **blocking pipeline calls** (torch 2.13's single-stage 1F1B and GPipe, Megatron-LM's 1F1B and
   interleaved 1F1B: :func:`~meshplan.schedule.overlap_policy.p2p_mode`, one schedule run per step):
   a call a stage waits on holds it at least ``k x p2p`` after the unit before it, ``k`` its
