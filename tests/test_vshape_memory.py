@@ -71,12 +71,13 @@ def test_levels_per_w_by_hand(plans):
     held = lambda s: [e.delta_bytes for e in zb.timelines[s].events()  # noqa: E731
                       if e.label.startswith("output gradients held")]
     assert held(3) == [LAYER_WGRAD * k for k in [1] * 9 + [7, 6, 5, 4, 3, 2, 1]]
-    levels = cooldown_lag_levels(c.model, c.training, zb.mesh, "zbv", 3, P, M, 2, zb.stages[3])
-    assert levels.tolist() == held(3) and int(levels.max()) == 7 * LAYER_WGRAD
+    levels, most = cooldown_lag_levels(c.model, c.training, zb.mesh, "zbv", 3, P, M, 2, zb.stages[3])
+    assert levels.tolist() == held(3) and int(levels.max()) == 7 * LAYER_WGRAD and most == 7
     # every stage: the largest level is the note's cool-down figure (order_lag of torch's order)
     for s in range(P):
-        lv = cooldown_lag_levels(c.model, c.training, zb.mesh, "zbv", s, P, M, 2, zb.stages[s])
+        lv, most = cooldown_lag_levels(c.model, c.training, zb.mesh, "zbv", s, P, M, 2, zb.stages[s])
         assert int(lv.max()) == cooldown_lag_bytes(c.model, c.training, zb.mesh, "zbv", s, P, M, 2, zb.stages[s])
+        assert most == int(get("zbv").lagging_weights(P, M, 2, s)) == 2 * s + 1
     # stage 0: chunk 1 (layer 7) ends the model, each of its 8 Ws holds its layer's and the final norm's; chunk 0
     # (layer 0) is the first virtual stage, whose input-gradient pass torch skips (its W a full backward): none
     assert held(0) == [LAYER_WGRAD + HEAD_NORM] * M
@@ -147,5 +148,6 @@ def test_no_lag_on_other_schedules():
     c = p.config
     assert cooldown_lag_levels(c.model, c.training, p.mesh, "interleaved_1f1b", 1, P, M, 2, p.stages[1]) is None
     assert not [e for e in p.timelines[1].events() if e.label.startswith("output gradients held")]
+    assert not [n for n in p.timelines[1].notes if "cool-down" in n]  # (it had one, "up to 0 at once", before)
     phase, _, _ = mem_schedule.stage_op_arrays("zbv", 1, P, M, 2)
     assert int(phase.sum()) == 2 * M and len(phase) == 4 * M  # one backward (at its W) per chunk pass

@@ -236,9 +236,11 @@ def cooldown_lag_levels(model, training, mesh, schedule, stage: int, pp: int, m:
     """Under a V-shaped schedule (ZB-V, DualPipeV): the output-gradient bytes held at each W of
     ``stage``'s order, in order (the timeline's backward passes, :mod:`meshplan.memory.schedule`):
     those of every chunk pass whose B is done and W not, this W's own included (weights as
-    :func:`cooldown_lag_bytes`, whose value is their largest); int64 (backward passes,), or None for
-    other schedules. torch's B keeps them to the W (module docstring), and no forward runs between a
-    B and its W on these orders, so each backward pass holds its level while it runs.
+    :func:`cooldown_lag_bytes`, whose value is their largest), int64 (backward passes,); and the most
+    such chunk passes at once (:meth:`~meshplan.pipeline.vshape.VShaped.lagging_weights`), from one
+    walk of the order; None for other schedules. torch's B keeps them to the W (module docstring), and
+    no forward runs between a B and its W on these orders, so each backward pass holds its level while
+    it runs.
 
     >>> _levels(np.array([1, 1, 2, 2]), np.array([0, 0, 0, 0]), np.array([0, 1, 0, 1]), [10, 11])  # B0 B1 W0 W1
     array([21, 11])
@@ -247,7 +249,8 @@ def cooldown_lag_levels(model, training, mesh, schedule, stage: int, pp: int, m:
     if sched is None:
         return None
     kind, mb, chunk = order_arrays(sched.name, pp, m, vpp, stage)
-    return _levels(kind, mb, chunk, _v_chunk_weights(model, training, mesh, sched, stage, pp, vpp, chunks))
+    levels = _levels(kind, mb, chunk, _v_chunk_weights(model, training, mesh, sched, stage, pp, vpp, chunks))
+    return levels, int(_levels(kind, mb, chunk, [1] * len(chunks)).max(initial=0))
 
 
 def _levels(kind: np.ndarray, mb: np.ndarray, chunk: np.ndarray, per: list[int]) -> np.ndarray:
