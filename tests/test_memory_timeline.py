@@ -305,13 +305,26 @@ def test_v_shaped_activations_follow_the_schedule():
     and the first chunk-1 forward (with the head): 8 LAYER + 7 EMBED + HEAD (the 8th chunk-0
     forward comes after that chunk-1 pass is freed: 8 LAYER + 8 EMBED is less). DualPipeV
     holds 2p + 1 = 9: on stage 0, 8 chunk-0 and 1 chunk-1 forwards (step 4's F before the
-    backward of chunk 1). Looped interleaved 1F1B for contrast: stage 0 holds 11, stage 3 5."""
+    backward of chunk 1). Looped interleaved 1F1B for contrast: stage 0 holds 11, stage 3 5.
+
+    Both V schedules' backward passes stand at their W and hold the output gradients of the chunk
+    passes whose B is done and W not (torch's input-gradient pass keeps them: meshplan.memory.wlag),
+    WG a layer, by hand: norm outputs 2 x 8 x 16, q k v outputs 8 x (4 x 4 + 2 x 4 x 4), wo and w2
+    outputs 2 x 8 x 16, w1 output 8 x 64: 1408 elements x 2 B; the head's chunk also its final norm's,
+    NORM = 8 x 16 x 2 B. In step with its B a W holds its own (+ WG; on stage 0's head chunk + WG + NORM,
+    at its first W with every forward above still held). ZB-V's cool-down (2s + 1 lagging on stage s, the
+    activations held till W): stage 2's first cool-down W holds 6 chunk passes and 5 lagging (6 LAYER +
+    5 WG > 8 LAYER + WG), stage 3's 7 and 7; stage 1's (5 and 3) stays under its steady state.
+    DualPipeV's cool-down (s + 1 lagging) stays under its steady state's 9 LAYER + WG on every stage."""
+    wg, norm = 1408 * 2, 8 * 16 * 2
     z = _pp_plan("zbv", vpp=2, layers=8)
     assert z.stages == [[[0], [7]], [[1], [6]], [[2], [5]], [[3], [4]]] and z.feasible
     assert z.stage(0).last and not z.stage(3).last
-    assert [tl.max_by_kind["activations"] for tl in z.timelines] == [8 * LAYER + 7 * EMBED + HEAD] + [8 * LAYER] * 3
+    assert [tl.max_by_kind["activations"] for tl in z.timelines] == \
+        [8 * LAYER + 7 * EMBED + HEAD + wg + norm, 8 * LAYER + wg, 6 * LAYER + 5 * wg, 7 * LAYER + 7 * wg]
     d = _pp_plan("dualpipev", vpp=2, layers=8)
-    assert [tl.max_by_kind["activations"] for tl in d.timelines] == [9 * LAYER + 8 * EMBED + HEAD] + [9 * LAYER] * 3
+    assert [tl.max_by_kind["activations"] for tl in d.timelines] == \
+        [9 * LAYER + 8 * EMBED + HEAD + wg + norm] + [9 * LAYER + wg] * 3
     i = _pp_plan("interleaved_1f1b", vpp=2, layers=8)
     assert [i.timelines[k].max_by_kind["activations"] for k in (0, 3)] == [11 * LAYER + 8 * EMBED, 5 * LAYER + HEAD]
 

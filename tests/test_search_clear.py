@@ -62,36 +62,41 @@ def to_pp8():
     return _search([2, 4, 8])
 
 
-def _zbv_first(r):
-    """``r`` with the ZB-V row of pp 2 x dp_shard 4 under full AC put first, in row 1's place (its
-    mesh's row 2 is interleaved vpp 4): the case of a row 1 with two warnings, which this space no
-    longer ranks first (the first test)."""
-    (zbv,) = [e for e in r.exact.values() if r.candidates.label(e.index) == ZBV_PP2]
-    return replace(r, top=[zbv, *r.top[1:]])
+def _v_first(r):
+    """``r`` with the DualPipeV row of pp 4 x dp_shard 2 under full AC put first, in row 1's place (its
+    mesh's row is interleaved vpp 2, row 4): the case of a row 1 with two warnings, which this space no
+    longer ranks first (the first test). (The ZB-V row of pp 2 x dp_shard 4 under full AC was this row:
+    since the timeline counts its lagging W passes, 5,785,462,784 B, it exceeds usable memory:
+    tests/test_search_split_ac.py.)"""
+    (v,) = [e for e in r.exact.values() if r.candidates.label(e.index) == DPV_PP4]
+    return replace(r, top=[v, *r.top[1:]])
 
 
-ZBV_PP2 = "pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, zbv"
+DPV_PP4 = "pp 4 x dp_shard 2, mb 4, full, vpp 2, zero3, dualpipev"
 
 
 def test_row_1_with_two_warnings_points_to_the_first_clear_row(to_pp8):
     """Rows (the search's order; peaks from their memory timelines): 1 pp 2 x dp_shard 2 x tp 2, none,
     vpp 4, 4.42 GiB > 4.59e9 B = 4.27 GiB: headroom; 2 pp 2 x dp_shard 4, full, vpp 4, 4.00 GiB: clear;
-    3 pp 4 x tp 2 zbv, none (no AC, no data axis): 4.88 GiB, headroom; 4 pp 4 x dp_shard 2, full, vpp 2
+    3 pp 4 x tp 2, none, vpp 2 (interleaved): 4.55 GiB, headroom; 4 pp 4 x dp_shard 2, full, vpp 2
     (interleaved), 3.71 GiB: clear; 5 pp 8, full, vpp 1 (1F1B), 3.36 GiB: clear. So row 2 is the first
     clear row: 1 - 4.30e9 / 5.4e9 = 20.4% free. Before W's forward replays were timed, ZB-V under full AC
     was row 1 at pp 2 (0.124 s) and row 3 at pp 4; each W of theirs now replays the layer's forward 9
     times (one per parameter group, meshplan.memory.wlag.weight_groups: 4 micro-batches x 4 layers a rank
     x 9 x 1.411 ms = 0.203 s more at pp 2, tests/test_search_split_ac.py), so they step 0.327 s and
     0.379 s and their meshes show interleaved 1F1B (0.132 s, 0.169 s). (kvheads' 1% tie between pp 4 x
-    dp_shard 2 zbv and pp 4 x tp 2 zbv is gone with it: 0.169 s against 0.153 s.) Every row is kept
+    dp_shard 2 zbv and pp 4 x tp 2 zbv is gone with it: 0.169 s against 0.153 s.) Row 3 was pp 4 x tp 2
+    under ZB-V (no AC, 4.88 GiB) until the timeline counted the V schedules' lagging W passes: its stage 3
+    holds 7 lagging chunk passes of one layer at the cool-down's first W (tests/test_vshape_memory.py),
+    5,478,490,112 B > 5.4e9, so the mesh shows interleaved 1F1B (0.159 s, 4,889,903,104 B). Every row is kept
     gathered, the default under torch with pp > 1 (TrainingSpec.reshard_default), so no label says so.
-    Row 1 with both warnings is the ZB-V row put first (:func:`_zbv_first`): 5.01e9 B over the margin and
-    a V schedule under AC; its pointer names row 2, whose step is the shorter."""
+    Row 1 with both warnings is the DualPipeV row put first (:func:`_v_first`): 5,268,733,952 B over the
+    margin and a V schedule under AC; its pointer names row 2, whose step is the shorter."""
     r = to_pp8
     labels = [r.candidates.label(e.index) for e in r.top]
     assert labels == ["pp 2 x dp_shard 2 x tp 2, mb 4, none, vpp 4, zero3",
                       "pp 2 x dp_shard 4, mb 4, full, vpp 4, zero3",
-                      "pp 4 x tp 2, mb 4, none, vpp 2, zero3, zbv",
+                      "pp 4 x tp 2, mb 4, none, vpp 2, zero3",
                       "pp 4 x dp_shard 2, mb 4, full, vpp 2, zero3",
                       "pp 8, mb 4, full, vpp 1, zero3"]
     assert usable_bytes(r.config.cluster, r.config.training) == pytest.approx(5.4e9)
@@ -111,9 +116,9 @@ def test_row_1_with_two_warnings_points_to_the_first_clear_row(to_pp8):
     assert lines.index(pointer) == max(head) + 1
     assert sum("is the first row" in x for x in lines) == 1
 
-    z = _zbv_first(r)
+    z = _v_first(r)
     one = z.top[0]
-    assert one.step_s > 2 * two.step_s  # 0.327 s against 0.132 s: the replays
+    assert one.step_s > 2 * two.step_s  # 0.354 s against 0.132 s: the replays
     assert list(clear_verdict(z).warnings) == _by_hand(z) == [(HEADROOM, SPLIT_AC), (), (HEADROOM,), (), ()]
     (pointer,) = clear_lines(z)
     free = 1 - two.peak_bytes / 5.4e9
@@ -172,25 +177,28 @@ def test_the_headroom_tiers_put_the_clear_row_first_and_the_pointer_goes(to_pp8)
 
 def test_no_row_clear_names_each_warning_with_its_setting():
     """pp 2/4 with the V schedules alone, ranked by step alone (headroom tiers off: with them each mesh
-    is shown at a setting that keeps the margin, as above): 1 pp 4 x tp 2 zbv, none, 4.88 GiB: headroom;
-    2 pp 2 x dp_shard 4 zbv, full, 4.67 GiB: both; 3 pp 4 x dp_shard 2 dualpipev, full: both (ZB-V's
-    pp 4 row is 7% slower); 4 pp 2 x dp_shard 2 x tp 2 zbv, full, 3.04 GiB: a V schedule under AC. Every
-    row warned, so no row is clear: 3 of 4 over the margin, left out by [memory] fragmentation_fraction
-    = 0.15, and 3 of 4 V rows under AC, left out by [search] pp_schedules = ["1f1b"]. (With 1F1B in the
+    is shown at a setting that keeps the margin, as above): 1 pp 4 x dp_shard 2 dualpipev, full, 4.91 GiB:
+    both (ZB-V's pp 4 row is 7% slower); 2 pp 2 x dp_shard 2 x tp 2 zbv, full, 3.46 GiB: a V schedule under
+    AC; 3 pp 4 x tp 2 dualpipev, full, 3.05 GiB: the same. Every row warned, so no row is clear: 3 of 3 V rows
+    under AC, left out by [search] pp_schedules = ["1f1b"], and 1 of 3 over the margin, left out by [memory]
+    fragmentation_fraction = 0.15. The rows that led before the timeline counted the V schedules' lagging W
+    passes (pp 4 x tp 2 zbv, none, 4.88 GiB; pp 2 x dp_shard 4 zbv, full, 4.67 GiB) now exceed usable memory
+    (5,478,490,112 and 5,785,462,784 B > 5.4e9: tests/test_search_split_ac.py), and the pp 2 x dp_shard 2 x
+    tp 2 zbv row (3.04 GiB before) holds its lagging output gradients too (3.46 GiB). (With 1F1B in the
     schedules, as this test searched before W's forward replays were timed, the interleaved rows now
     rank first and row 2 is clear: first test.)"""
     r = _search([2, 4], schedules=["zbv", "dualpipev"])
     assert [r.candidates.label(e.index) for e in r.top] == [
-        "pp 4 x tp 2, mb 4, none, vpp 2, zero3, zbv", ZBV_PP2, "pp 4 x dp_shard 2, mb 4, full, vpp 2, zero3, dualpipev",
-        "pp 2 x dp_shard 2 x tp 2, mb 4, full, vpp 2, zero3, zbv"]
+        DPV_PP4, "pp 2 x dp_shard 2 x tp 2, mb 4, full, vpp 2, zero3, zbv",
+        "pp 4 x tp 2, mb 4, full, vpp 2, zero3, dualpipev"]
     v = clear_verdict(r)
-    assert list(v.warnings) == _by_hand(r) == [(HEADROOM,), (HEADROOM, SPLIT_AC), (HEADROOM, SPLIT_AC), (SPLIT_AC,)]
+    assert list(v.warnings) == _by_hand(r) == [(HEADROOM, SPLIT_AC), (SPLIT_AC,), (SPLIT_AC,)]
     assert v.first is None
     assert clear_lines(r) == [
-        "warning: row 1 has 1 of the search's row warnings (under 15% of usable memory free); no row shown is clear of "
-        "them (under 15% of usable memory free: 3 of 4, left out by [memory] fragmentation_fraction = 0.15; a "
-        "split-backward schedule under activation checkpointing: 3 of 4, left out by "
-        f"[search] pp_schedules = [\"1f1b\"]); {CHECKED}"]
+        "warning: row 1 has 2 of the search's row warnings (under 15% of usable memory free; a split-backward schedule "
+        "under activation checkpointing); no row shown is clear of them (a split-backward schedule under activation "
+        "checkpointing: 3 of 3, left out by [search] pp_schedules = [\"1f1b\"]; under 15% of usable memory free: 1 of 3, "
+        f"left out by [memory] fragmentation_fraction = 0.15); {CHECKED}"]
     doc = search_to_dict(r)["first_clear_row"]
     assert doc["row"] is None and doc["line"] == clear_lines(r)[0].removeprefix("warning: ")
 

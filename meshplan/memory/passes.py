@@ -49,7 +49,9 @@ gathers it again, while ``no_sync_unsharded`` keeps it gathered.
 ZB-H1 (``frees_at_weight``): its backward passes stand at the W units (:mod:`meshplan.memory.schedule`);
 each holds the lagging W passes' output gradients while it runs (``StageSizes.w_lag``), and on the head's
 stage the logits gradient replaces the loss terms from each head forward to its W (``head_lag``):
-:mod:`meshplan.memory.wlag`.
+:mod:`meshplan.memory.wlag`. ZB-V and DualPipeV: their backward passes stand at the W units too, each
+holding the output gradients of the chunk passes whose B is done and W not at its W (``lag``, per
+pass: :func:`meshplan.memory.wlag.cooldown_lag_levels`).
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ class PassBuilder(UnitEvents):
     ``unshard``: the chunks UNSHARDed right before this pass, their all-gather outputs allocated at
     its start (:func:`~meshplan.pipeline.unshard_window.unshards_before`, up to 2 distinct chunks
     ahead of the op that needs them); ``waits``: this pass's chunk was UNSHARDed (at or before it)
-    and is copied out whole before it runs (:meth:`_schedule_unshards`). After :meth:`build`,
+    and is copied out whole before it runs (:meth:`_schedule_unshards`). ``lag``: a V-shaped
+    schedule's backward pass, the output gradients its lagging W passes hold while it runs, bytes
+    (:func:`meshplan.memory.wlag.cooldown_lag_levels`; 0 elsewhere). After :meth:`build`,
     ``gathered`` holds the units still unsharded when it ends."""
 
     def build(self) -> tuple[Entry, ...]:
@@ -162,7 +166,8 @@ class PassBuilder(UnitEvents):
     def _backward(self) -> None:
         sz, keys = self.sz, self.keys
         bucket = sz.bucket if sz.bucket_every_backward or self.last else 0  # FSDP: DeepSpeed ZeRO-3 2021's only
-        self._add(None, "activations", sz.w_lag, "output gradients held by the lagging weight-gradient passes (W)")
+        held = sz.w_lag + self.lag  # ZB-H1's (every backward pass) or a V-shaped schedule's (this pass's)
+        self._add(None, "activations", held, "output gradients held by the lagging weight-gradient passes (W)")
         if self._head_here:
             self._add(None, "activations", -sz.head_lag, "this W's logits gradient back to the loss terms it frees")
         self._add(None, "grad_buffers", bucket, sz.bucket_what)
@@ -192,7 +197,7 @@ class PassBuilder(UnitEvents):
             self._perform_reduce_grad()
         self._flush()
         self._add(None, "grad_buffers", -bucket, "gradient bucket freed")
-        self._add(None, "activations", -sz.w_lag, "this W's output gradients freed (the others' counted at the next)")
+        self._add(None, "activations", -held, "this W's output gradients freed (the others' counted at the next)")
 
     def _loss_backward(self) -> None:
         """The loss's backward and the logits' gradient. torch's ``F.cross_entropy``

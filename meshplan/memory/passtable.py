@@ -195,10 +195,10 @@ def _automaton(sizes: StageSizes, tokens: np.ndarray, pre_of: Sequence[tuple], b
 
 def _build(sizes: StageSizes, key: tuple) -> tuple[tuple, frozenset]:
     """The events of the pass ``key`` (phase, chunk, units gathered when it starts, first, last,
-    released after, waits for its UNSHARD, chunks UNSHARDed before it: :class:`PassBuilder`'s
-    arguments) and the units it leaves unsharded."""
+    released after, waits for its UNSHARD, (chunks UNSHARDed before it, its lag bytes):
+    :class:`PassBuilder`'s arguments) and the units it leaves unsharded."""
     b = PassBuilder(sizes, key[0], key[1], key[2], first=key[3], last=key[4], evict=key[5], waits=key[6],
-                    unshard=key[7])
+                    unshard=key[7][0], lag=key[7][1])
     return b.build(), frozenset(b.gathered)
 
 
@@ -336,22 +336,28 @@ def states_before(maps: np.ndarray) -> np.ndarray:
 
 def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.ndarray,
                evict: Optional[np.ndarray] = None, waits: Optional[np.ndarray] = None,
-               unshard: Optional[dict[int, tuple]] = None) -> tuple[PassTable, list[tuple]]:
+               unshard: Optional[dict[int, tuple]] = None,
+               lag: Optional[np.ndarray] = None) -> tuple[PassTable, list[tuple]]:
     """The passes (init, one per op, step) and templates of a stage whose ops are the
     arrays ``phase`` (0 forward, 1 backward), ``chunk``, ``mb``
     (:func:`meshplan.memory.schedule.stage_op_arrays`); ``evict`` (bool per op, default none):
     the ops after which the pipeline schedule's window reshards their chunk
     (:func:`meshplan.pipeline.unshard_window.released_after`); ``waits`` (bool per op) and
     ``unshard`` (op -> the chunks UNSHARDed before it, where any): torch's UNSHARD actions
-    (:class:`~meshplan.memory.passes.PassBuilder`), default none."""
+    (:class:`~meshplan.memory.passes.PassBuilder`), default none; ``lag`` (bytes per op, default 0):
+    the output gradients a V-shaped schedule's lagging W passes hold during it. Neither an UNSHARD of
+    another chunk nor a lag changes a unit's state, so both go in one column of the tokens, an index
+    into the distinct (UNSHARDed chunks, lag) pairs."""
     first, last = backward_flags(phase, chunk)
     n = len(phase)
     ev = np.zeros(n, np.int64) if evict is None else np.asarray(evict, np.int64)
     wt = np.zeros(n, np.int64) if waits is None else np.asarray(waits, np.int64)
-    pre_ids: dict[tuple, int] = {(): 0}
+    pre_ids: dict[tuple, int] = {((), 0): 0}
     pre = np.zeros(n, np.int64)
-    for k, u in (unshard or {}).items():
-        pre[k] = pre_ids.setdefault(u, len(pre_ids))
+    unshard = unshard or {}
+    held = np.zeros(n, np.int64) if lag is None else np.asarray(lag, np.int64)
+    for k in list(unshard) + [k for k in np.flatnonzero(held).tolist() if k not in unshard]:
+        pre[k] = pre_ids.setdefault((unshard.get(k, ()), int(held[k])), len(pre_ids))
     pre_of = list(pre_ids)
     width = int(np.max(chunk)) + 1 if n else 1
     code = ((((((pre * width + np.asarray(chunk, np.int64)) * 2 + phase) * 2 + first) * 2 + last) * 2 + ev) * 2

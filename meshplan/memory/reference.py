@@ -33,10 +33,11 @@ def _backward_flags(ops) -> tuple[set, set]:
 
 
 def passes(sizes: StageSizes, ops, evict: Sequence[bool] = (), waits: Sequence[bool] = (),
-           unshard: Optional[dict[int, tuple]] = None) -> tuple[PassTable, list[tuple]]:
+           unshard: Optional[dict[int, tuple]] = None, lag: Sequence[int] = ()) -> tuple[PassTable, list[tuple]]:
     """Run-length passes: each distinct (phase, chunk, gathered units, first, last, released after,
-    waits, UNSHARDs before it) built once; ``evict``: per op, whether the schedule's window reshards
-    its chunk after it; ``waits`` (per op) and ``unshard`` (op -> chunks): torch's UNSHARD actions
+    waits, (UNSHARDs before it, lag)) built once; ``evict``: per op, whether the schedule's window reshards
+    its chunk after it; ``waits`` (per op) and ``unshard`` (op -> chunks): torch's UNSHARD actions;
+    ``lag`` (per op): a V-shaped schedule's lagging output-gradient bytes
     (:class:`~meshplan.memory.passes.PassBuilder`)."""
     templates: list[tuple] = [sizes.init]
     out = [Pass("init", 0, None, 0, 0)]
@@ -50,10 +51,11 @@ def passes(sizes: StageSizes, ops, evict: Sequence[bool] = (), waits: Sequence[b
         ev = bool(evict[i]) if len(evict) else False
         wt = bool(waits[i]) if len(waits) else False
         pre = (unshard or {}).get(i, ())
-        key = (phase, chunk, g_in, i in first_b, i in last_b, ev, wt, pre)
+        held = int(lag[i]) if len(lag) else 0
+        key = (phase, chunk, g_in, i in first_b, i in last_b, ev, wt, (pre, held))
         if key not in cache:
             b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b, evict=ev, waits=wt,
-                            unshard=pre)
+                            unshard=pre, lag=held)
             templates.append(b.build())
             cache[key] = (len(templates) - 1, frozenset(b.gathered))
         tid, g_out = cache[key]

@@ -15,11 +15,14 @@ stages (W of j after B of j + s on stage s). torch 2.13 runs its B as ``stage_ba
 (:mod:`meshplan.memory.wlag`). So under ZB-H1 (``frees_at_weight``) the backward op, which frees a
 micro-batch's activations, is placed at its W and its B is dropped: stage s holds ``min(m, p)``
 micro-batches (1F1B: ``min(m, p - s)``); the output gradients the lagging W passes hold are the
-timeline's ``w_lag`` bytes (:func:`meshplan.memory.wlag.lag_hold_bytes`). ZB-V and DualPipeV still
-fold W into B: their F-to-W count equals their F-to-B count on every rank (torch's orders at p 4,
-m 8: 8 and 9), but their cool-down's lagging W passes (``lagging_weights``: 2s + 1 on ZB-V's rank s,
-s + 1 on DualPipeV's, as torch's order) hold their activations and output gradients past B: the
-timeline's note gives them (:func:`meshplan.memory.wlag.cooldown_lag_bytes`), its peak does not.
+timeline's ``w_lag`` bytes (:func:`meshplan.memory.wlag.lag_hold_bytes`). ZB-V and DualPipeV run
+the same torch passes, so their backward op stands at the W too (every ``splits_backward`` schedule:
+:func:`frees_at_w`): their F-to-W count equals their F-to-B count on every rank (torch's orders at p 4,
+m 8: 8 on ZB-V's, 9 on DualPipeV's), and no forward runs while a W lags, but their cool-down's lagging
+W passes (``lagging_weights``: 2s + 1 on ZB-V's rank s, s + 1 on DualPipeV's, as torch's order) hold
+their chunks' activations and output gradients past B: each backward pass holds the output gradients
+of the chunk passes whose B is done and W not at its W, its own included
+(:func:`meshplan.memory.wlag.cooldown_lag_levels`, the timeline's per-pass lag level).
 
 >>> stage_ops("1f1b", stage=2, pp=4, m=3)
 [('forward', 0, 0), ('forward', 0, 1), ('backward', 0, 0), ('forward', 0, 2), ('backward', 0, 1), ('backward', 0, 2)]
@@ -46,11 +49,22 @@ def stage_ops(schedule: Schedule | str, stage: int, pp: int, m: int, vpp: int = 
     """Passes of stage ``stage`` in execution order: the registered schedule's order
     (:meth:`meshplan.pipeline.base.PipelineSchedule.order`; for vpp > 1 that of
     ``for_chunks(vpp)``), its F units as forward passes, its B units as backward passes
-    (a split schedule's W units folded into their B; under ``frees_at_weight`` its W units as the
-    backward passes, its B units dropped: see the module docstring)."""
+    (a split schedule's, :func:`frees_at_w`, W units as the backward passes, its B units dropped:
+    see the module docstring)."""
     sched = get(get(schedule).for_chunks(vpp))
-    phase = {"F": "forward", "W" if sched.frees_at_weight else "B": "backward"}
+    phase = {"F": "forward", "W" if frees_at_w(sched) else "B": "backward"}
     return [(phase[u.kind], u.chunk, u.mb) for u in sched.order(pp, m, vpp, stage) if u.kind in phase]
+
+
+def frees_at_w(sched) -> bool:
+    """Whether the timeline frees a chunk pass's activations at its W (the schedule's
+    ``frees_at_weight``, ZB-H1, or any other ``splits_backward`` one: ZB-V, DualPipeV; torch's
+    input-gradient pass frees none, :mod:`meshplan.memory.wlag`), not at its B.
+
+    >>> [frees_at_w(get(get(n).for_chunks(v))) for n, v in (("zb_h1", 1), ("zbv", 2), ("1f1b", 1), ("zb_h1", 2))]
+    [True, True, False, False]
+    """
+    return bool(sched.frees_at_weight or sched.splits_backward)
 
 
 def max_in_flight(ops: list[Op]) -> int:
@@ -72,6 +86,6 @@ def stage_op_arrays(schedule: Schedule | str, stage: int, pp: int, m: int,
     """
     sched = get(get(schedule).for_chunks(vpp))
     kind, mb, chunk = order_arrays(sched.name, pp, m, vpp, stage)
-    back = 2 if sched.frees_at_weight else 1  # the unit that frees: W (ZB-H1) or B (W folded into it)
+    back = 2 if frees_at_w(sched) else 1  # the unit that frees: W (split backward) or B (full backward)
     keep = (kind == 0) | (kind == back)
     return np.minimum(kind[keep], 1).astype(np.int64), chunk[keep].astype(np.int64), mb[keep].astype(np.int64)

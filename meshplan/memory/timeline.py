@@ -48,7 +48,7 @@ from meshplan.memory import peakscan as fast
 from meshplan.memory.passtable import Pass, PassTable, pass_table
 from meshplan.memory.peakscan import template_stats
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
-from meshplan.memory.wlag import cooldown_lag_bytes, head_lag_bytes, lag_hold_bytes
+from meshplan.memory.wlag import cooldown_lag_levels, head_lag_bytes, lag_hold_bytes
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.unshard_window import (TORCH_WINDOW, pipeline_window, released_after, unshards,
                                               unshards_before, unshards_first)
@@ -268,6 +268,8 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     sizes = replace(sizes, w_lag=lag_hold_bytes(c.model, t, plan.mesh, *where, layers),  # ZB-H1's lagging W
                     head_lag=head_lag_bytes(where[0], where[2], where[4], sizes.logits_grad_temp, sizes.head_loss_saved))
     phase, chunk, mb = stage_op_arrays(*where)
+    v_lag = _v_lag(plan, where, phase)  # ZB-V's, DualPipeV's lagging W passes: (bytes per op, most at once)
+    lag = None if v_lag is None else v_lag[0]
     # torch's window of unsharded local stages: at vpp > 3 it evicts chunks (interleaved 1F1B only;
     # ZB-V and DualPipeV hold 2 stages a rank, so the F/B ops alone give the same evictions)
     window = pipeline_window(t.framework, len(plan.stages))
@@ -277,8 +279,8 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     torch_unshards = sizes.fsdp and sizes.deepspeed_prefetch is None and unshards_first(c.mesh.pp_schedule, window)
     waits, pre = (unshards(chunk, window), unshards_before(chunk, window)) if torch_unshards else (None, None)
     passes, templates = ref.passes(sizes, stage_ops(*where), () if evict is None else evict.tolist(),
-                                   () if waits is None else waits.tolist(), pre) if reference \
-        else pass_table(sizes, phase, chunk, mb, evict, waits, pre)
+                                   () if waits is None else waits.tolist(), pre, () if lag is None else lag.tolist()) \
+        if reference else pass_table(sizes, phase, chunk, mb, evict, waits, pre, lag)
     peak_of = _reference_peak if reference else _fast_peak
     passes, n, off, at_peak, kmax = peak_of(passes, templates, opts.fragmentation_fraction)
     p = passes[n]
@@ -291,10 +293,25 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     tl = Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.run_micro_batches, passes=passes,
                   templates=tuple(templates), hbm_bytes=c.cluster.gpu.hbm_bytes, reserve=t.memory_reserve,
                   peak=peak, max_by_kind=kmax, n_events=n_events, title=title,
-                  notes=_notes(plan, stage, sizes.fsdp),
+                  notes=_notes(plan, stage, sizes.fsdp, v_lag),
                   pipeline=schedule_words(c.mesh.pp_schedule, len(plan.stages)),
                   allocator=AllocatorConfig(expandable_segments=opts.expandable_segments))
     return replace(tl, reserved=reserved_of(tl, tl.allocator)) if opts.reserved_verdict else tl
+
+
+def _v_lag(plan, where: tuple, phase: np.ndarray) -> Optional[tuple[np.ndarray, int]]:
+    """Under a V-shaped schedule the output-gradient bytes each op holds for the lagging W passes
+    (``where``: schedule, stage, pp, micro-batches, vpp; ``phase`` per op, 1 backward): at each
+    backward pass its W's level (:func:`meshplan.memory.wlag.cooldown_lag_levels`), 0 on the
+    forwards (none runs while a W lags); and the most chunk passes lagging at once. None for other
+    schedules."""
+    c, (schedule, stage, pp, m, vpp) = plan.config, where
+    got = cooldown_lag_levels(c.model, c.training, plan.mesh, schedule, stage, pp, m, vpp, plan.stages[stage])
+    if got is None:
+        return None
+    lag = np.zeros(len(phase), np.int64)
+    lag[phase == 1] = got[0]
+    return lag, got[1]
 
 
 def _allowance(fraction: float, at_peak: np.ndarray) -> tuple:
@@ -332,8 +349,9 @@ def _fast_peak(passes: PassTable, templates: list, fraction: float) -> tuple:
     return passes, n, off, at_peak, kmax
 
 
-def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
-    """Assumptions of this timeline that a reader should see beside its numbers."""
+def _notes(plan, stage: int, fsdp: bool, v_lag: Optional[tuple[np.ndarray, int]] = None) -> tuple[str, ...]:
+    """Assumptions of this timeline that a reader should see beside its numbers (``v_lag``: a V-shaped
+    schedule's lag, :func:`_v_lag`)."""
     c, out = plan.config, []
     # an MoE model's routing assumption: print_memory's one note (meshplan.compute.routing.balance_note)
     sched = get(get(c.mesh.pp_schedule).for_chunks(plan.vpp))
@@ -342,11 +360,8 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
         out.append(f"{sched.name}: activations held till the weight-gradient pass (W), as torch's input-gradient pass "
                    f"frees none; the output gradients of up to {counted(lag, 'lagging W pass')} "
                    "held during each backward (every layer's, the final norm's on the head's stage)")
-    elif sched.virtual_stages and len(plan.stages) > 1:
-        out.append(_cooldown_note(plan, stage, sched))
-    elif sched.splits_backward and stage > 0:
-        out.append(f"{sched.name}: activations freed at the input-gradient pass (B); what a delayed weight-gradient "
-                   "pass (W) still holds (layer inputs, output gradients) is not counted")
+    elif v_lag is not None:  # ZB-V, DualPipeV (every other split-backward schedule is ZB-H1's branch)
+        out.append(_cooldown_note(sched, *v_lag))
     runs = plan.schedule_runs
     if fsdp and len(plan.stages) > 1:
         out.append(f"FSDP reduces once per {'schedule run' if runs > 1 else 'step'}, after each chunk's last backward, "
@@ -360,16 +375,15 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
 
 
 
-def _cooldown_note(plan, stage: int, sched) -> str:
-    """A V-shaped schedule's cool-down (:func:`meshplan.memory.wlag.cooldown_lag_bytes`): how many W
-    passes lag at once and the output gradients they hold, neither in this peak."""
-    c, n = plan.config, len(plan.stages)
-    lag = int(sched.lagging_weights(n, plan.run_micro_batches, plan.vpp, stage))
-    held = cooldown_lag_bytes(c.model, c.training, plan.mesh, c.mesh.pp_schedule, stage, n, plan.run_micro_batches,
-                              plan.vpp, plan.stages[stage])
-    return (f"{sched.name}: activations freed at the input-gradient pass (B); torch's frees none, so the cool-down's "
-            f"lagging weight-gradient passes (W), up to {lag} at once, hold their chunks' activations and "
-            f"{human_bytes(held)} of output gradients till W, not counted in this peak")
+def _cooldown_note(sched, lag: np.ndarray, most: int) -> str:
+    """A V-shaped schedule's cool-down (:func:`meshplan.memory.wlag.cooldown_lag_levels`, ``lag`` per op
+    and ``most`` chunk passes at once): how many W passes lag at once and the most output gradients they
+    hold (:func:`meshplan.memory.wlag.cooldown_lag_bytes`), both in this peak (the backward passes stand
+    at the Ws, each holding its level)."""
+    return (f"{sched.name}: activations held till the weight-gradient pass (W), as torch's input-gradient pass "
+            f"frees none; the cool-down's lagging W passes, up to {most} at once, hold their chunks' activations and "
+            f"{human_bytes(int(lag.max(initial=0)))} of output gradients till W, counted in this peak")
+
 
 def memory_timelines(plan) -> tuple[Timeline, ...]:
     """:func:`memory_timeline` of every stage."""

@@ -57,10 +57,10 @@ class UnitEvents:
 
     def __init__(self, sizes: StageSizes, phase: str, chunk: int, gathered: frozenset,
                  first: bool = False, last: bool = False, evict: bool = False,
-                 waits: bool = False, unshard: tuple[int, ...] = ()):
+                 waits: bool = False, unshard: tuple[int, ...] = (), lag: int = 0):
         self.sz, self.phase, self.chunk = sizes, phase, chunk
         self.gathered, self.first, self.last, self.evict = set(gathered), first, last, evict
-        self.waits, self.unshard = waits, unshard
+        self.waits, self.unshard, self.lag = waits, unshard, lag
         self.events: list[Entry] = []
         self.in_flight: Optional[UnitKey] = None  # unit whose reduce-scatter input is held
         self.issued: list[UnitKey] = []  # units whose all-gather output is held, oldest first

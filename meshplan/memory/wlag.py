@@ -65,10 +65,13 @@ from __future__ import annotations
 
 from math import ceil
 
+import numpy as np
+
 from meshplan.compute.routing import RoutingOptions, routed_tokens, routing
 from meshplan.memory.layer_dims import LayerDims
 from meshplan.memory.workingset import dense_dims
 from meshplan.memory.activations import layer_options
+from meshplan.pipeline.orders import order_arrays
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.vshape import order_lag
 from meshplan.units import dtype_bytes
@@ -193,21 +196,78 @@ def lag_hold_bytes(model, training, mesh, schedule, stage: int, pp: int, m: int,
 
 
 
-def cooldown_lag_bytes(model, training, mesh, schedule, stage: int, pp: int, m: int, vpp: int, chunks) -> int:
-    """Under a V-shaped schedule (ZB-V, DualPipeV, whose W the timeline folds into B): the most output
-    gradients the cool-down's lagging W passes of ``stage`` hold at once, bytes (``chunks``: the
-    stage's layer indices per chunk): :func:`~meshplan.pipeline.vshape.order_lag` of the schedule's
-    order, each chunk pass weighted by its layers' :func:`layer_weight_grad_bytes` (and the final
-    norm's on the chunk that ends the model); 0 for other schedules. torch's B frees none of their
-    activations either (module docstring); neither is in the timeline's peak (its note says so)."""
-    sched = get(get(schedule).for_chunks(vpp))
-    if sched.frees_at_weight or not sched.virtual_stages or pp <= 1:
-        return 0
+def _v_chunk_weights(model, training, mesh, sched, stage: int, pp: int, vpp: int, chunks) -> list[int]:
+    """Output-gradient bytes one lagging W of each chunk of ``stage`` holds: its layers'
+    :func:`layer_weight_grad_bytes` (and the final norm's on the chunk that ends the model); 0 on the
+    first virtual stage (rank 0's chunk 0), whose input-gradient pass torch skips (``backward_one_chunk``
+    with ``full_backward=False``: ``if not self.is_first``, "Skip the backward for the first stage since
+    we will perform the weight update with autograd.backward in backward_weight_one_chunk",
+    torch/distributed/pipelining/stage.py, torch 2.13.0 as installed): its W is a full backward, which
+    holds no output gradient before it runs."""
     dense, moe = (layer_weight_grad_bytes(model, training, mesh, moe=k) for k in (False, model.is_moe))
     head = head_norm_grad_bytes(model, training, mesh)
-    per = [sum(moe if model.is_moe_layer(i) else dense for i in layers)
-           + (sched.virtual_stage(c, stage, pp, vpp) == pp * vpp - 1) * head for c, layers in enumerate(chunks)]
+    vs = [sched.virtual_stage(c, stage, pp, vpp) for c in range(len(chunks))]
+    return [(vs[c] > 0) * (sum(moe if model.is_moe_layer(i) else dense for i in layers) + (vs[c] == pp * vpp - 1) * head)
+            for c, layers in enumerate(chunks)]
+
+
+def _v_schedule(schedule, vpp: int, pp: int):
+    """The V-shaped schedule walked at ``vpp``, or None (another schedule, or pp 1)."""
+    sched = get(get(schedule).for_chunks(vpp))
+    return None if sched.frees_at_weight or not sched.virtual_stages or not sched.splits_backward or pp <= 1 \
+        else sched
+
+
+def cooldown_lag_bytes(model, training, mesh, schedule, stage: int, pp: int, m: int, vpp: int, chunks) -> int:
+    """Under a V-shaped schedule (ZB-V, DualPipeV): the most output gradients the cool-down's lagging
+    W passes of ``stage`` hold at once, bytes (``chunks``: the stage's layer indices per chunk):
+    :func:`~meshplan.pipeline.vshape.order_lag` of the schedule's order, each chunk pass weighted by
+    its layers' :func:`layer_weight_grad_bytes` (and the final norm's on the chunk that ends the
+    model); 0 for other schedules. The largest of :func:`cooldown_lag_levels`, which the timeline
+    counts pass by pass (its note gives this)."""
+    sched = _v_schedule(schedule, vpp, pp)
+    if sched is None:
+        return 0
+    per = _v_chunk_weights(model, training, mesh, sched, stage, pp, vpp, chunks)
     return order_lag(sched.order(pp, m, vpp, stage), weight=lambda c: per[c])
+
+
+def cooldown_lag_levels(model, training, mesh, schedule, stage: int, pp: int, m: int, vpp: int, chunks):
+    """Under a V-shaped schedule (ZB-V, DualPipeV): the output-gradient bytes held at each W of
+    ``stage``'s order, in order (the timeline's backward passes, :mod:`meshplan.memory.schedule`):
+    those of every chunk pass whose B is done and W not, this W's own included (weights as
+    :func:`cooldown_lag_bytes`, whose value is their largest), int64 (backward passes,); and the most
+    such chunk passes at once (:meth:`~meshplan.pipeline.vshape.VShaped.lagging_weights`), from one
+    walk of the order; None for other schedules. torch's B keeps them to the W (module docstring), and
+    no forward runs between a B and its W on these orders, so each backward pass holds its level while
+    it runs.
+
+    >>> _levels(np.array([1, 1, 2, 2]), np.array([0, 0, 0, 0]), np.array([0, 1, 0, 1]), [10, 11])  # B0 B1 W0 W1
+    array([21, 11])
+    """
+    sched = _v_schedule(schedule, vpp, pp)
+    if sched is None:
+        return None
+    kind, mb, chunk = order_arrays(sched.name, pp, m, vpp, stage)
+    levels = _levels(kind, mb, chunk, _v_chunk_weights(model, training, mesh, sched, stage, pp, vpp, chunks))
+    return levels, int(_levels(kind, mb, chunk, [1] * len(chunks)).max(initial=0))
+
+
+def _levels(kind: np.ndarray, mb: np.ndarray, chunk: np.ndarray, per: list[int]) -> np.ndarray:
+    """At each W (kind 2) of an order (kind 1 B), the summed ``per[chunk]`` of the (micro-batch,
+    chunk) pairs whose B came before it and whose W is this one or later: +weight at each B, -weight
+    after its W, a running sum read at the Ws."""
+    w = np.asarray(per, np.int64)[chunk]
+    pair = mb * (int(chunk.max(initial=0)) + 1) + chunk
+    b_at = np.full(int(pair.max(initial=0)) + 1, -1, np.int64)
+    b = np.flatnonzero(kind == 1)
+    b_at[pair[b]] = b
+    ws = np.flatnonzero(kind == 2)
+    ws = ws[b_at[pair[ws]] >= 0]  # a W without a B holds nothing of its own
+    step = np.zeros(len(kind) + 1, np.int64)
+    np.add.at(step, b_at[pair[ws]], w[ws])
+    np.add.at(step, ws + 1, -w[ws])
+    return np.cumsum(step)[np.flatnonzero(kind == 2)]
 
 def head_lag_bytes(schedule, pp: int, vpp: int, logits_grad_bytes: int, loss_saved_bytes: int) -> int:
     """On the head's stage under a ``frees_at_weight`` schedule, what a lagging W holds beyond the

@@ -41,7 +41,10 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   head's saved activations once per pass in flight. ZB-H1 (``Stages.lag``): the upper bound adds its
   lagging W passes' output gradients (``lag`` x (dense layers x ``d_wgrad`` + MoE layers x ``m_wgrad``), on
   the head's stage the final norm's ``h_wgrad`` and the logits gradient's excess) and the lower bound the logits gradient's shortfall against the loss terms per
-  pass in flight, the timeline's ``w_lag`` and ``head_lag`` (:mod:`meshplan.memory.wlag`).
+  pass in flight, the timeline's ``w_lag`` and ``head_lag`` (:mod:`meshplan.memory.wlag`). ZB-V and DualPipeV
+  (``Stages.v_lag``): the upper bound adds ``v_lag`` chunk passes of the longest chunk at the larger layer kind's
+  output gradients (and the final norm's on the head's stage), the most the timeline's per-pass levels hold
+  (:func:`meshplan.memory.wlag.cooldown_lag_levels`); the lower bound's F and W terms are forwards, where none lags.
 - **Uneven chunks** (the Llama 3 split with vpp > 1: a stage's chunks differ by one layer):
   every lower-bound term grows with a chunk's layers and takes the stage's shortest chunk
   (``Stages.n_chunk``), the upper bound its longest (``n_chunk_hi``).
@@ -127,6 +130,10 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict,
     # head's stage the final norm's and the logits gradient where it exceeds the loss terms freed: w_lag, head_lag
     lag = st.lag * ((st.n - st.n_moe) * col(a["d_wgrad"]) + st.n_moe * col(a["m_wgrad"])
                     + st.last * col(a["h_wgrad"]) + st.last * np.maximum(hs["logits_grad_temp"] - hs["head_loss_saved"], 0))
+    # ZB-V's, DualPipeV's lagging W passes (meshplan.memory.wlag.cooldown_lag_levels): each a chunk pass of the
+    # stage's longest chunk, every layer at the larger kind's output gradients, the final norm's on the head's stage
+    lag = lag + st.v_lag * (st.n_chunk_hi * pick(col(a["d_wgrad"]), col(a["m_wgrad"]), np.maximum)
+                            + st.last * col(a["h_wgrad"]))
     upper = np.maximum(_upper(cfg, c, st, s, u, hi, peak["hi"], hs, fixed) + lag, at_step)
     f = o.fragmentation_fraction
     if f:

@@ -204,6 +204,7 @@ class Stages:
     vshape: np.ndarray     # a split-backward schedule, whose bounds keep the order-free terms only: the
     #                        V-shaped ZB-V, DualPipeV, and ZB-H1 (per candidate, broadcast)
     lag: np.ndarray        # ZB-H1: most micro-batches whose W lags their B (ZBH1.lagging_weights), else 0
+    v_lag: np.ndarray      # ZB-V, DualPipeV: most chunk passes whose W lags their B (VShaped.lagging_weights), else 0
 
 
 def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
@@ -259,7 +260,27 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
                   n_chunk_hi=-(-n // v), w=w,
                   m=np.broadcast_to(m, n.shape), m_run=np.broadcast_to(mr, n.shape), w_step=w_step,
                   vshape=np.broadcast_to(ps > 0, n.shape),
-                  lag=np.where(ps == ZB_H1_CODE, get(Schedule.ZB_H1).lagging_weights(p, mr, 1, k), 0))
+                  lag=np.where(ps == ZB_H1_CODE, get(Schedule.ZB_H1).lagging_weights(p, mr, 1, k), 0),
+                  v_lag=_v_lag(c.ps, mr[:, 0], p))
+
+
+def _v_lag(ps: np.ndarray, mr: np.ndarray, p: int) -> np.ndarray:
+    """(candidates, p) chunk passes whose W lags their B at once on each stage of the V-shaped rows
+    (:meth:`~meshplan.pipeline.vshape.VShaped.lagging_weights` of the schedule's order, one schedule
+    run of ``mr`` micro-batches: the timeline's lag, :func:`meshplan.memory.wlag.cooldown_lag_levels`),
+    once per (schedule, micro-batches); 0 on the others and at pp 1."""
+    out = np.zeros((len(ps), p), dtype=np.int64)
+    for code in V_CODES if p > 1 else ():
+        rows = ps == code
+        for mm in np.unique(mr[rows]).tolist():
+            out[rows & (mr == mm)] = _stage_lags(candidate_schedule(2, code), p, int(mm))
+    return out
+
+
+@lru_cache(maxsize=None)
+def _stage_lags(schedule, p: int, m: int) -> tuple[int, ...]:
+    """:func:`_v_lag` of one (schedule, pp, micro-batches): each stage's lagging chunk passes."""
+    return tuple(int(get(schedule).lagging_weights(p, m, 2, s)) for s in range(p))
 
 
 def _dense_of_chunks(cfg: Config, c: Candidates, p: int) -> np.ndarray:
