@@ -57,7 +57,8 @@ def checked(plan: Plan | Infeasible) -> Plan | Infeasible:
     if not isinstance(plan, Plan):
         return plan
     t = plan.config.training
-    row = own_capacity_row(plan)
+    found = smallest_split(plan)
+    row = own_capacity_row(plan, found)
     prefix = own_row_prefix(t.sharding, t.recompute)
     rows = list(plan.constraints.rows)
     at = next((i for i, r in enumerate(rows) if r.kind == "capacity" and r.text.startswith(prefix + ESTIMATE)), None)
@@ -65,12 +66,40 @@ def checked(plan: Plan | Infeasible) -> Plan | Infeasible:
         rows[at] = row
     else:  # a setting without an estimated row (hsdp, an MoE model): after the usable-HBM row
         rows.insert(next((i + 1 for i, r in enumerate(rows) if r.kind == "capacity"), 0), row)
-    return replace(plan, constraints=replace(plan.constraints, rows=tuple(rows)))
+    axes, unforced = moe_axes(plan, found)
+    return replace(plan, constraints=replace(plan.constraints, rows=tuple(rows), axes=axes, unforced=unforced))
 
 
-def own_capacity_row(plan: Plan) -> cons.ConstraintRow:
+def moe_axes(plan: Plan, found: tuple[int, int, float] | None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``plan``'s axis reasons and unforced axes, with the tp and pp lines that
+    :data:`~meshplan.memory.constraints.MOE_UNKNOWN` left open (an MoE model, no first estimate)
+    answered from ``found``, the capacity row's smallest split (:func:`smallest_split`, which
+    tries tp*pp ascending, tp largest first): the split without the axis (pp 1 at this tp, tp 1
+    at this pp) was tried before ``found`` and did not fit, so the axis is needed for memory; or
+    it is ``found``, so memory fits without it; else (not tried: a smaller split fits first) the
+    line stays open. DeepSeek-V3's example (tp 1 x pp 16, smallest split tp 2 x pp 2): pp
+    1 at tp 1 does not fit, so pp is needed (newcomer trial nc62 #2)."""
+    axes, unforced = dict(plan.constraints.axes), list(plan.constraints.unforced)
+    if found is None:
+        return axes, tuple(unforced)
+    tp, pp, gpus = plan.mesh.degree("tp"), plan.mesh.degree("pp"), plan.config.cluster.node.gpus
+    f_tp, f_pp = found[0], found[1]
+    for axis, (w_tp, w_pp) in (("pp", (tp, 1)), ("tp", (1, pp))):
+        if axes.get(axis) != cons.MOE_UNKNOWN:
+            continue
+        if w_tp <= gpus and (w_tp * w_pp, -w_tp) < (f_tp * f_pp, -f_tp):
+            axes[axis] = (f"capacity: without it tp {w_tp} x pp {w_pp} does not fit (memory timeline; the smallest "
+                          f"split that fits is tp {f_tp} x pp {f_pp}, the capacity row)")
+        elif (w_tp, w_pp) == (f_tp, f_pp):
+            axes[axis] = (f"solves no stated constraint (without it tp {w_tp} x pp {w_pp} fits, the capacity row's "
+                          "smallest split, and the batch allows it)")
+            unforced.append(axis)
+    return axes, tuple(unforced)
+
+
+def own_capacity_row(plan: Plan, found: tuple[int, int, float] | None) -> cons.ConstraintRow:
     """The capacity row of ``plan``'s sharding and recompute, from the timeline: the smallest
-    split that fits and this mesh's peak; ``requires`` ``tp*pp >= N`` (N of the smallest split
+    split that fits (``found``, :func:`smallest_split`'s) and this mesh's peak; ``requires`` ``tp*pp >= N`` (N of the smallest split
     that fits), ``this mesh`` where only the plan's own mesh fits, else ``infeasible``."""
     t, world, mesh = plan.config.training, plan.world, plan.mesh
     usable = plan.constraints.usable_bytes
@@ -78,7 +107,6 @@ def own_capacity_row(plan: Plan) -> cons.ConstraintRow:
     peak = plan.timeline.peak.total_bytes
     verdict = "fits" if plan.feasible else f"over usable {usable / GiB:.2f} GiB, does not fit"
     own = f"this mesh (tp {own_tp} x pp {own_pp}): timeline peak {peak / GiB:.2f} GiB, {verdict}"
-    found = smallest_split(plan)
     head = f"{own_row_prefix(t.sharding, t.recompute)} (this plan's setting, memory timeline)"
     if found is None:
         return cons.ConstraintRow("capacity", f"{head}: no tp x pp split of {world} GPUs fits; {own}",

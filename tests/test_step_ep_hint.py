@@ -65,9 +65,11 @@ def test_ep_across_nodes_is_told_ep_inside_a_node_with_the_exact_edit(tmp_path, 
     line, = _lines(job)
     assert line.startswith("hint: ep 32 spans 4 nodes (8 of its ranks on each: its all-to-alls cross the NICs) and "
                            "costs the critical stage ")
+    # sharding zero1: the experts' data axis is edp (Megatron's expert data-parallel group, as plan and
+    # groups name it; the hint said efsdp before newcomer trial nc62 #3)
     for ep, efsdp in ((8, 4), (4, 8), (2, 16)):
         edited = _step_line(_toml(tmp_path, [32, ep], name=f"ep{ep}.toml"), capsys)
-        assert f"ep {ep} (efsdp {efsdp}, etp 1; mesh.shape [32, {ep}]) (step {edited}, " in line
+        assert f"ep {ep} (edp {efsdp}, etp 1; mesh.shape [32, {ep}]) (step {edited}, " in line
     assert _step_line(job, capsys) == step_seconds(step_time(p).step_s)
 
 
@@ -149,7 +151,8 @@ def test_deepseek_v3_example_is_told_ep_8():
     line, = ep_hint(p, st, rebuilt_step(p, step_time), bubble_wait(st))
     edited = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [16, 128, 8]})))
     assert line.startswith("hint: ep 64 spans 8 nodes (8 of its ranks on each: its all-to-alls cross the NICs)")
-    assert (f"shorter with the group inside a node, ep 8 (efsdp 16, etp 1; mesh.shape [16, 128, 8]) (step "
+    # the example's sharding is zero1: edp, not efsdp (nc62 #3)
+    assert (f"shorter with the group inside a node, ep 8 (edp 16, etp 1; mesh.shape [16, 128, 8]) (step "
             f"{step_seconds(step_time(edited).step_s)}, ") in line
 
 

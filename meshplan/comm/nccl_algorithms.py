@@ -17,6 +17,20 @@ from meshplan.comm.nccl_protocols import CALIBRATED, GLOO_RING, NCCL_RING, NVLS,
 from meshplan.spec.cluster import BusbwCurve
 
 
+def ring_word(op: str) -> str:
+    """The ``alg`` word of ``op`` timed by the ring formula: ``pairwise`` for an all-to-all, which
+    no library runs as a ring (NCCL: grouped ncclSend/ncclRecv to every peer, ``ncclGroupStart``
+    ... ``ncclGroupEnd``, torch's ``ProcessGroupNCCL::alltoall_base``; gloo: one pairwise exchange
+    per peer), inside a node as across nodes; ``ring`` for the other ops. Only the word: the
+    time stays the ring formula's (S (n-1)/n over the link; newcomer trial nc62 #4: the table said
+    ``nvlink ring`` for Mixtral's ep all-to-all inside a node, ``pairwise`` across nodes).
+
+    >>> ring_word("all-to-all"), ring_word("all-gather")
+    ('pairwise', 'ring')
+    """
+    return "pairwise" if op == "all-to-all" else "ring"
+
+
 def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float, kind: str,
                     nvls: bool = False, latency_scale: float = 1.0, nodes: int = 1,
                     intra_bandwidth_bytes_per_s: float = 0.0, library: str = "nccl",
@@ -88,11 +102,11 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     network = kind == "network"
     if library not in ("nccl", "rccl"):  # gloo runs rings only, with one protocol; reduce-scatter as a full all-reduce
         run = "all-reduce" if op == "reduce-scatter" else op
-        return "ring", ring_time(run, n, size_bytes, bandwidth_bytes_per_s, network, GLOO_RING, latency_scale)
+        return ring_word(op), ring_time(run, n, size_bytes, bandwidth_bytes_per_s, network, GLOO_RING, latency_scale)
     op_curve = curves.get(f"{'pcie' if network else 'nvlink'} {op}") if calibrated else None
     if op_curve is not None and n > 1:  # this op's own run on a calibrated NVLink or PCIe class
-        return "ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network,
-                                 *own_alpha(op_curve, network, latency_scale), op_curve)
+        return ring_word(op), ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network,
+                                        *own_alpha(op_curve, network, latency_scale), op_curve)
     if op == "send/recv" and network and nic_bandwidth_bytes_per_s:  # one message leaves through one NIC
         bandwidth_bytes_per_s = min(bandwidth_bytes_per_s, nic_bandwidth_bytes_per_s)
     link = curves.get("nic" if network else "nvlink")
@@ -105,8 +119,8 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
                                           intra_bandwidth_bytes_per_s, latency_scale, curves, calibrated)
     own = calibrated and (link is None or link.calibrated)  # the fit's own run, not a scaled catalog curve
     proto = CALIBRATED if own else NCCL_RING
-    best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, proto, latency_scale,
-                              link))
+    best = (ring_word(op), ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, proto, latency_scale,
+                                     link))
     if n <= 1:
         return best
     options = _switch_options(op, n, size_bytes, bandwidth_bytes_per_s, kind, nvls, latency_scale, curves, calibrated,

@@ -270,6 +270,15 @@ def _context_row(model, training, cluster, world, usable) -> ConstraintRow:
     return ConstraintRow("context", f"seq {training.seq_len}{ESTIMATE} does not fit at tp {tp} with any cp", "infeasible")
 
 
+#: An MoE model's tp, pp or cp axis that the batch allows dropping: :func:`estimate` has no
+#: expert activations, so there is no first estimate to say memory fits without it (newcomer
+#: trial nc62 #2: DeepSeek-V3's pp 16 read "solves no stated constraint (memory fits ...)" where
+#: pp 1 does not fit); the plan's capacity row (:mod:`meshplan.plan_capacity`, the timeline's
+#: smallest tp x pp split) decides it.
+MOE_UNKNOWN = ("memory: no first estimate for an MoE model, see the capacity row's smallest tp x pp split; "
+               "the batch allows it without it")
+
+
 def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                   mesh: Mesh, stages, micro: int, ep_span: tuple[int, int] = (1, 0),
                   deepep: Optional[tuple[float, float, int]] = None, schedule: str = "1f1b") -> Constraints:
@@ -286,12 +295,14 @@ def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, c
         if d == 1:
             continue
         why = _axis_reason(name, d, model, training, mesh, usable, need, mp, schedule)
-        axes[name] = why or "solves no stated constraint (memory fits and the batch allows it without it)"
+        axes[name] = why or (MOE_UNKNOWN if model.is_moe and name in ("tp", "pp", "cp") else
+                             "solves no stated constraint (memory fits and the batch allows it without it)")
         if not why:
             unforced.append(name)
     joint = _jointly_needed(mesh, unforced, need, mp)
     axes.update(joint)
-    unforced = [a for a in unforced if a not in joint]
+    # an MoE axis the batch allows dropping is not known to solve nothing: no first estimate says memory fits
+    unforced = [a for a in unforced if a not in joint and axes[a] != MOE_UNKNOWN]
     if mesh.ep > 1:
         axes["ep"] = ep_reason(model.experts, mesh.ep, mesh.etp, mesh.block_size, *ep_span, deepep=deepep)
     return replace(cons, axes=axes, unforced=tuple(unforced), estimate=est)
@@ -328,6 +339,8 @@ def _axis_reason(name, d, model, training, mesh, usable, need, mp, schedule="1f1
             if not ok:
                 return (f"capacity: shards state {d} ways (unsharded, first estimate {peak / GiB:.1f} GiB > "
                         f"{usable / GiB:.1f} GiB); throughput: {d} batch shards")
+        if model.is_moe:  # no first estimate: sharding's need for memory unknown here (nc62 #2)
+            return f"throughput: {d} batch shards (memory: no first estimate for an MoE model, see the capacity row)"
         return f"throughput: {d} batch shards (state sharding not needed for memory)"
     if name in ("tp", "pp", "cp"):
         if mp // d < need:

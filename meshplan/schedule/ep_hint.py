@@ -31,6 +31,7 @@ from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.ep import ep_choices, ep_refusal
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.search import TIE
+from meshplan.spec.wording import expert_data_axis
 from meshplan.units import GiB, step_seconds
 
 #: Re-plans shown at most on the line (the fastest first), as the bubble hint's.
@@ -113,12 +114,15 @@ def _replanned(plan: Plan, st, valid: list[int],
     fastest first; each ep's outcome, :func:`~meshplan.schedule.verdict.knob_outcome`; the first
     list's :class:`~meshplan.schedule.hint_facts.Knob`)."""
     mesh = plan.mesh
+    # the experts' data axis as plan, groups and the state table name it: edp under DDP and ZeRO-1/2,
+    # efsdp under FSDP (efsdp everywhere before newcomer trial nc62 #3)
+    edp = expert_data_axis(plan.config.training.sharding)
     faster: list[tuple[float, str, Knob]] = []
     outcomes = []
     for e in valid:
         spec, edit = ep_spec(plan, e)
         alt = alternatives({}, spec)
-        words = f"ep {e} (efsdp {mesh.block_size // (e * mesh.etp)}, etp {mesh.etp}; {edit})"
+        words = f"ep {e} ({edp} {mesh.block_size // (e * mesh.etp)}, etp {mesh.etp}; {edit})"
         if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s):
             faster.append((alt.step_s, f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
                                        f"peak {alt.peak_bytes / GiB:.1f} GiB fits)", knob_of(words, alt)))
