@@ -230,9 +230,28 @@ def _slowest(g: _Gpu, att: Attention, cp: int, prefer: tuple[str, ...], rated: b
     return _slowest_rank(g.gpu, att, cp, prefer, kernel_data(g.gpu) if rated else None, spread)
 
 
+#: Relative tie tolerance of the slowest rank (a tie within rounding keeps the lower rank).
+TIE = 1e-9
+#: Relative gap between the ranks :func:`_slowest_rank` rates exactly and the rest
+#: (:func:`_rank_totals`' sums differ from the exact ones by rounding alone, ~cp x 1e-16).
+GAP = 1e-7
+#: Ranks rated exactly where no gap separates them (every rank below it).
+NEAR_MAX = 64
+
+
 def _slowest_rank(gpu: GPUSpec, att: Attention, cp: int, prefer: tuple[str, ...],
                   data: Optional[KernelData], spread: float = 0.0) -> TeRank:
-    """:func:`te_rank` uncached: every rank of ``cp`` rated, the longest kept, the lowest on a tie."""
+    """:func:`te_rank` uncached: the longest rank of ``cp``, the lowest on a tie (within
+    :data:`TIE`, in rank order).
+
+    Rating one rank builds its ``cp`` steps, so rating every rank costs ``cp^2`` (cp 2,048 at
+    4,096 tokens: minutes of CPU a shape, the DeepSeek-V3 example's search). Each rank's total is
+    first summed from its few kinds of step times their counts (:func:`_rank_totals`, ``O(1)`` a
+    rank); only the ranks within :data:`GAP` of the largest are rated step by step, where every
+    other rank lies more than :data:`GAP` below the least of them (a rank that far below can
+    neither replace one of them as the running slowest nor be kept over one: the result is the
+    same as rating every rank); without such a gap every rank is rated (``tests/test_te_ring_fast.py``
+    checks the two against each other)."""
     L = att.seq_q
     rows = att.batch * att.q_heads * L
     kv_rows = att.batch * att.kv_heads * L
@@ -242,23 +261,81 @@ def _slowest_rank(gpu: GPUSpec, att: Attention, cp: int, prefer: tuple[str, ...]
     # three shapes (rated_calls): each timed and floored once
     seconds = lru_cache(maxsize=None)(lambda nbytes: memory_op_seconds(gpu, nbytes))
     floored = {c: (issue_floor(gpu, f), issue_floor(gpu, b)) for c, (f, b, _) in (rated or {}).items()}
+    sizes = (n_o, rows, n_dq, n_k, n_v)
+    ranks = _near_slowest(gpu, cp, L, sizes, floored if rated is not None else None, spread, seconds)
     best: Optional[tuple[float, TeRank]] = None
-    for r in range(cp):
-        fk, bk = forward_kernels(n_o, rows, cp, r), backward_kernels(n_dq, n_k, n_v, cp, r)
-        calls = None
-        if rated is not None:
-            calls = (tuple(floored[c][0] for c in ring_calls(cp, L, r)),
-                     tuple(floored[c][1] for c in backward_calls(cp, L, r)))
-        fwd_calls = calls[0] if calls is not None else (spread / cp,) * cp
-        forward = tuple((side_stream(gpu, a, c), sum(seconds(x) for x in b)) for (a, b), c in zip(fk, fwd_calls))
-        one = TeRank(r, calls, "", forward, _timed(seconds, bk),
-                     (sum(sum(a) + sum(b) for a, b in fk), sum(sum(a) + sum(b) for a, b in bk)), 4 * (n_k + n_v))
-        t = sum(map(sum, one.calls or ())) + sum(a + b for a, b in one.forward + one.backward)
-        if best is None or t > best[0] * (1 + 1e-9):  # a tie within rounding keeps the lower rank
+    for r in ranks:
+        t, one = _rated_rank(gpu, cp, L, r, sizes, floored if rated is not None else None, spread, seconds)
+        if best is None or t > best[0] * (1 + TIE):  # a tie within rounding keeps the lower rank
             best = (t, one)
     assert best is not None
     # the chosen rank's words (rank_seconds) alone
     return replace(best[1], how=rank_seconds(rated, cp, L, best[1].rank)[2]) if rated is not None else best[1]
+
+
+def _rated_rank(gpu: GPUSpec, cp: int, L: int, r: int, sizes: tuple, floored: Optional[dict], spread: float,
+                seconds) -> tuple[float, TeRank]:
+    """(total seconds, :class:`TeRank`) of cp rank ``r``, step by step; ``sizes`` = (n_o, rows,
+    n_dq, n_k, n_v); ``floored``: each call shape's floored (forward, backward) seconds, None
+    unrated (the forward's ``spread`` over the steps)."""
+    n_o, rows, n_dq, n_k, n_v = sizes
+    fk, bk = forward_kernels(n_o, rows, cp, r), backward_kernels(n_dq, n_k, n_v, cp, r)
+    calls = None
+    if floored is not None:
+        calls = (tuple(floored[c][0] for c in ring_calls(cp, L, r)),
+                 tuple(floored[c][1] for c in backward_calls(cp, L, r)))
+    fwd_calls = calls[0] if calls is not None else (spread / cp,) * cp
+    forward = tuple((side_stream(gpu, a, c), sum(seconds(x) for x in b)) for (a, b), c in zip(fk, fwd_calls))
+    one = TeRank(r, calls, "", forward, _timed(seconds, bk),
+                 (sum(sum(a) + sum(b) for a, b in fk), sum(sum(a) + sum(b) for a, b in bk)), 4 * (n_k + n_v))
+    return sum(map(sum, one.calls or ())) + sum(a + b for a, b in one.forward + one.backward), one
+
+
+def _near_slowest(gpu: GPUSpec, cp: int, L: int, sizes: tuple, floored: Optional[dict], spread: float,
+                  seconds) -> list[int]:
+    """The ranks :func:`_slowest_rank` rates step by step (its docstring), in rank order."""
+    if cp <= NEAR_MAX:
+        return list(range(cp))
+    totals = [_rank_totals(gpu, cp, L, r, sizes, floored, spread, seconds) for r in range(cp)]
+    top = max(totals)
+    near = [r for r, t in enumerate(totals) if t >= top * (1 - GAP)]
+    least = min(totals[r] for r in near)
+    below = max((t for r, t in enumerate(totals) if t < top * (1 - GAP)), default=0.0)
+    if len(near) > NEAR_MAX or below >= least * (1 - GAP):
+        return list(range(cp))
+    return near
+
+
+def _rank_totals(gpu: GPUSpec, cp: int, L: int, r: int, sizes: tuple, floored: Optional[dict], spread: float,
+                 seconds) -> float:
+    """What :func:`_rated_rank` sums for rank ``r`` (``cp`` >= 2), from its kinds of step times their
+    counts (:func:`forward_kernels`, :func:`backward_kernels`, :func:`~meshplan.compute.ring_attention.ring_calls`,
+    :func:`backward_calls`): equal to it up to rounding."""
+    n_o, rows, n_dq, n_k, n_v = sizes
+    half, j = L // 2, cp - 1 - r
+    diag, low, up = (L, L, True), (L, half, False), (half, L, False)
+    f = (lambda c: floored[c][0]) if floored is not None else (lambda c: spread / cp)
+    b = (lambda c: floored[c][1]) if floored is not None else (lambda c: 0.0)
+    calls = 0.0 if floored is None else f(diag) + r * f(low) + j * f(up) + j * b(up) + r * b(low) + b(diag)
+    side = lambda lse, c: side_stream(gpu, [lse], f(c))
+    # forward: step 1 the clone (8 B a row) beside its call; steps 2..r 12 B beside L x L/2; step r + 1
+    # (r >= 1) 12 B beside L/2 x L; steps r + 2..cp - 1 6 B beside L/2 x L
+    fwd = side(8 * rows, low if r >= 1 else up) + max(0, r - 1) * side(12 * rows, low)
+    fwd += (side(12 * rows, up) if 1 <= r <= cp - 2 else 0.0) + max(0, cp - 2 - r) * side(6 * rows, up)
+    last = 12 * rows if r == cp - 1 else 6 * rows
+    fwd += seconds(last) + seconds(4 * n_o + 8 * rows) + r * seconds(6 * n_o + 8 * rows) + j * seconds(3 * n_o + 4 * rows)
+    # backward, by step i against j: dQ, then dK and dV
+    dq = r * seconds(6 * n_dq) + (seconds(4 * n_dq) if r == cp - 1 else seconds(2 * n_dq) + seconds(3 * n_dq))
+    dq += (max(0, j - 1) * seconds(3 * n_dq) + seconds(2 * n_dq)) if j >= 1 else 0.0
+    kv = 0.0
+    for n in (n_k, n_v):
+        kv += seconds(3 * n) + seconds(2 * n) if r == 0 else seconds(6 * n)   # i = cp - 1
+        mid = cp - 1 - j   # j <= i < cp - 1
+        if mid:
+            kv += (seconds(2 * n) + (mid - 1) * seconds(3 * n)) if (j == 0 and r == cp - 1) else mid * seconds(3 * n)
+        if j >= 1:   # i < j
+            kv += seconds(4 * n) + (j - 1) * seconds(6 * n)
+    return calls + fwd + dq + kv
 
 
 def with_steps(ops: list[Op], te: TeRank) -> list[Op]:
