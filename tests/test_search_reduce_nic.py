@@ -18,12 +18,9 @@ from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.search.comm_bounds import comm_times, fsdp_copies
-from meshplan.search.layer_bounds import unit_bounds
-from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
 from meshplan.search.step_end_bound import final_reduce_tail
-from meshplan.search.time_tables import TimeTables
+from test_search_reduce_wait import row_bounds
 from test_search_vppsplit import SMALL14
 
 
@@ -46,11 +43,7 @@ def test_final_tail_counts_the_nic_the_two_reduction_queues_share():
     c = enumerate_candidates(cfg)
     i = int(np.flatnonzero((c.vpp == 1) & (c.sh == SHARDING.index("hsdp")) & (c.dps == 2) & (c.rf == 0))[0])
     assert c.label(i) == "pp 2 x dp_replicate 2 x dp_shard 2 x cp 2 x tp 4, mb 1, full, vpp 1, hsdp"
-    g = c.take(np.array([i]))
-    tt = TimeTables(cfg, Tables(cfg))
-    st = stage_layout(cfg, g, 2)
-    u = unit_bounds(cfg, tt, g, st, state(cfg, tt.tables, g, st))
-    cm, cp = comm_times(cfg, tt, g), fsdp_copies(cfg, tt.tables, g)
+    _, _, st, u, cm, cp = row_bounds(cfg, c, i, 2)
     ci, rs, ar = float(cp["in"][0]), float(cm["fsdp_rs"][0]), float(cm["hsdp_ar"][0])
     rs_nic, ar_nic = float(cm["fsdp_rs_nic"][0]), float(cm["hsdp_ar_nic"][0])
     assert st.n_chunk.tolist() == [[7, 7]] and 0.5 < rs_nic / rs <= 1 and 0.5 < ar_nic / ar <= 1

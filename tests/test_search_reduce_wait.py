@@ -24,6 +24,16 @@ from test_search import config
 from test_search_vppsplit import SMALL14
 
 
+def row_bounds(cfg, c, i: int, pp: int):
+    """Candidate ``i``'s search terms as the vectorised bound sees them: (its one-row columns, time
+    tables, stage layout at ``pp``, unit bounds, comm times, FSDP copy times)."""
+    g = c.take(np.array([i]))
+    tt = TimeTables(cfg, Tables(cfg))
+    st = stage_layout(cfg, g, pp)
+    u = unit_bounds(cfg, tt, g, st, state(cfg, tt.tables, g, st))
+    return g, tt, st, u, comm_times(cfg, tt, g), fsdp_copies(cfg, tt.tables, g)
+
+
 def _units(w: float, red: float = 0.0) -> dict:
     one = np.ones((1, 2))
     zero = np.zeros((1, 2))
@@ -59,11 +69,7 @@ def test_wait_is_the_flow_shop_of_the_simulated_reductions():
     hsdp = np.flatnonzero((c.vpp == 2) & (c.sh == SHARDING.index("hsdp")) & (c.dps > 1) & (c.dpr > 1) & (c.rf == 0))
     assert len(hsdp)
     i = int(hsdp[0])
-    g = c.take(np.array([i]))
-    tt = TimeTables(cfg, Tables(cfg))
-    st = stage_layout(cfg, g, 4)
-    u = unit_bounds(cfg, tt, g, st, state(cfg, tt.tables, g, st))
-    cm, cp = comm_times(cfg, tt, g), fsdp_copies(cfg, tt.tables, g)
+    g, tt, st, u, cm, cp = row_bounds(cfg, c, i, 4)
     ci, rs, ar = float(cp["in"][0]), float(cm["fsdp_rs"][0]), float(cm["hsdp_ar"][0])
     assert st.n_chunk[0, 1] == 2 and rs > 0 and ar > 0
     assert np.isclose(u["b_wait"][0, 1], ci + rs + ar + max(ci + rs, ar))
